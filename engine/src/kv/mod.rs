@@ -1,0 +1,158 @@
+//! Block pool and KV cache manager: PagedAttention's memory management.
+//!
+//! The scheduler talks to the KV cache only through [`KvCacheManager`]: it
+//! asks for slots and gets them or "not now"; it never touches a pool's
+//! internals. The paged manager (ours) and the paper's contiguous-reservation
+//! baselines (Orca Max / Pow2 / Oracle) implement the same trait.
+//!
+//! Vocabulary:
+//! - a *block* holds the K/V of `block_size` consecutive tokens of one
+//!   sequence; blocks live in a pool (the accelerator pool or the CPU swap pool);
+//! - a sequence's *block table* maps its logical blocks to physical ones;
+//! - a *slot* is `block.0 as usize * block_size + offset`: where one token's
+//!   K/V is written in the accelerator pool.
+
+use thiserror::Error;
+
+/// A physical block index inside one pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(pub u32);
+
+/// A sequence as the KV cache knows it. The scheduler hands these out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// One block copy the executor must perform before the forward pass.
+/// For copy-on-write both ids are in the accelerator pool; for swaps `src`
+/// and `dst` are in the pools named by the operation (out: device -> CPU,
+/// in: CPU -> device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockCopy {
+    pub src: BlockId,
+    pub dst: BlockId,
+}
+
+/// The answer to "can this group be admitted?".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmitDecision {
+    /// Enough free blocks now (above the watermark).
+    Now,
+    /// Not now, but it fits in an empty cache: wait.
+    Later,
+    /// Larger than the whole cache: refuse the request, never queue it.
+    Never,
+}
+
+/// Length information the contiguous-reservation baselines need to decide
+/// how much to reserve. The paged manager ignores everything but the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LengthHint {
+    /// Upper bound on prompt + output tokens (`max_model_len` or prompt + max_tokens).
+    pub max_total_tokens: usize,
+    /// The true prompt + output length, when known (the Oracle baseline).
+    pub oracle_total_tokens: Option<usize>,
+}
+
+/// Slots for newly scheduled tokens, plus the copy-on-write copies that must
+/// happen before they are written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppendOutcome {
+    /// One slot per appended token, in order.
+    pub slots: Vec<usize>,
+    /// (src, dst) accelerator-pool block copies to run before the step.
+    pub copies: Vec<BlockCopy>,
+}
+
+/// Counters and gauges for metrics and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct KvStats {
+    pub total_blocks: usize,
+    pub free_blocks: usize,
+    pub cpu_total_blocks: usize,
+    pub cpu_free_blocks: usize,
+    /// Fraction of accelerator blocks in use (0..=1).
+    pub usage: f32,
+    /// Slots reserved (allocated blocks x block_size, shared blocks once).
+    pub allocated_slots: usize,
+    /// Slots holding real token states.
+    pub used_slots: usize,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub prefix_cache_evictions: u64,
+}
+
+/// Errors of the KV cache layer.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum KvError {
+    #[error("no free KV cache block in the accelerator pool")]
+    OutOfBlocks,
+    #[error("the CPU swap pool has no room for this group")]
+    SwapSpaceFull,
+    #[error("unknown sequence {0:?}")]
+    UnknownSequence(SeqId),
+    #[error("sequence {0:?} already exists")]
+    DuplicateSequence(SeqId),
+    #[error("sequence {0:?} is not resident in the accelerator pool")]
+    NotResident(SeqId),
+    #[error("sequence {0:?} is not swapped out")]
+    NotSwapped(SeqId),
+}
+
+/// The narrow interface between the scheduler and the KV cache.
+///
+/// A sequence's tokens enter the cache through [`KvCacheManager::append_slots`]:
+/// the scheduler appends exactly the tokens it schedules for compute in a
+/// step (a prompt chunk, or the one token sampled last step).
+pub trait KvCacheManager: Send {
+    /// Tokens per block.
+    fn block_size(&self) -> usize;
+
+    /// Whether a new group of `num_seqs` sequences sharing `prompt` can be
+    /// admitted now, later, or never.
+    fn can_admit(&self, prompt: &[u32], num_seqs: usize, hint: LengthHint) -> AdmitDecision;
+
+    /// Registers a new sequence whose prompt is `prompt`. Reuses the longest
+    /// cached prefix (whole blocks only; never the whole prompt: at least one
+    /// token is left to compute so the step yields logits) and returns how
+    /// many leading tokens are already computed. Those tokens count as
+    /// appended; the caller appends the rest.
+    fn allocate(&mut self, seq: SeqId, prompt: &[u32], hint: LengthHint) -> Result<usize, KvError>;
+
+    /// Number of free accelerator blocks `append_slots(seq, n tokens)` would
+    /// consume (new blocks and copy-on-write copies), so the scheduler can
+    /// budget a step before committing it.
+    fn blocks_needed_to_append(&self, seq: SeqId, num_tokens: usize) -> Result<usize, KvError>;
+
+    /// Reserves slots for `tokens`, appended after the sequence's current
+    /// tokens. All or nothing: on `OutOfBlocks` nothing changed.
+    fn append_slots(&mut self, seq: SeqId, tokens: &[u32]) -> Result<AppendOutcome, KvError>;
+
+    /// Makes `child` share every block of `parent` (reference counts go up).
+    fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<(), KvError>;
+
+    /// Drops the sequence and its references, wherever its blocks live.
+    /// Freed full blocks stay findable by the prefix cache until evicted.
+    fn free(&mut self, seq: SeqId);
+
+    /// The accelerator block table of a resident sequence.
+    fn block_table(&self, seq: SeqId) -> Result<&[BlockId], KvError>;
+
+    /// Number of tokens appended to the sequence so far.
+    fn num_tokens(&self, seq: SeqId) -> Result<usize, KvError>;
+
+    /// Moves a whole group to the CPU pool, all or nothing. Blocks shared
+    /// inside the group move once and stay shared. Returns device -> CPU copies.
+    fn swap_out(&mut self, group: &[SeqId]) -> Result<Vec<BlockCopy>, KvError>;
+
+    /// Whether [`KvCacheManager::swap_in`] would succeed now.
+    fn can_swap_in(&self, group: &[SeqId]) -> bool;
+
+    /// Brings a swapped group back, all or nothing. Returns CPU -> device copies.
+    fn swap_in(&mut self, group: &[SeqId]) -> Result<Vec<BlockCopy>, KvError>;
+
+    /// Number of free accelerator blocks.
+    fn num_free_blocks(&self) -> usize;
+
+    /// Counters and gauges.
+    fn stats(&self) -> KvStats;
+}

@@ -1,0 +1,1 @@
+//! The Llama-family forward pass on the CPU.

