@@ -14,6 +14,24 @@
 
 use thiserror::Error;
 
+mod check;
+mod fx;
+mod paged;
+mod pool;
+mod prefix_cache;
+mod reservation;
+mod swap;
+#[cfg(test)]
+mod tests_prop;
+#[cfg(test)]
+mod tests_reservation;
+#[cfg(test)]
+mod tests_unit;
+
+pub use paged::{PagedKvCacheManager, PagedKvConfig};
+pub use prefix_cache::{hash_block, BlockHash};
+pub use reservation::{ReservationKvCacheManager, ReservationPolicy};
+
 /// A physical block index inside one pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockId(pub u32);
@@ -96,6 +114,8 @@ pub enum KvError {
     NotResident(SeqId),
     #[error("sequence {0:?} is not swapped out")]
     NotSwapped(SeqId),
+    #[error("invalid KV cache configuration: {0}")]
+    InvalidConfig(String),
 }
 
 /// The narrow interface between the scheduler and the KV cache.
