@@ -1,2 +1,46 @@
-//! GPU kernels (to be written).
+//! GPU kernels written in Rust, compiled to PTX with rustc's `nvptx64-nvidia-cuda`
+//! target, and run on the CPU by a host emulator so the same source is tested by
+//! `cargo test` on the stable toolchain.
+//!
+//! Layout:
+//! - [`device`]: the device API with the shape of `cuda_std` (indices, `sync_threads`,
+//!   warp shuffles, shared memory, atomics, fast math). On nvptx it lowers to PTX
+//!   instructions; on the host it is the emulator in [`device::emu`].
+//! - [`attention`], [`cache`], [`norm`], [`elementwise`]: generic kernel bodies, over the
+//!   storage type ([`Storage`]: `f32`, `f16`, `bf16`) and, for attention, the head size.
+//! - [`entries`]: the monomorphised entry points (`#[no_mangle] extern "ptx-kernel"` on
+//!   nvptx, plain `unsafe fn` on the host) and [`KERNELS`], the table of entry names and
+//!   parameter lists a CUDA executor launches by.
+//! - [`launch`]: grid/block/shared-memory sizing for every kernel family.
+//!
+//! Invariants: the crate is `#![no_std]` and has no host dependencies on nvptx; every
+//! kernel is written for any 1-D block whose size is a multiple of 32 (at most 1024),
+//! and reaches every `sync_threads` on all threads of a block (block-uniform control flow
+//! around barriers). Accumulation is always in `f32`.
 #![no_std]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx, link_llvm_intrinsics),
+    allow(internal_features)
+)]
+// Kernel ABIs take many scalar and pointer parameters by design.
+#![allow(clippy::too_many_arguments)]
+
+#[cfg(not(target_arch = "nvptx64"))]
+extern crate std;
+
+pub mod attention;
+pub mod cache;
+pub mod device;
+pub mod elementwise;
+pub mod entries;
+pub mod launch;
+pub mod norm;
+mod reduce;
+pub mod sig;
+mod storage;
+
+pub use entries::KERNELS;
+pub use launch::{Dim3, LaunchConfig};
+pub use sig::{KernelSig, ParamKind, ParamSig};
+pub use storage::Storage;

@@ -1,0 +1,338 @@
+//! Host emulator of the device API.
+//!
+//! [`launch`] runs a kernel over a grid: it spawns one OS thread per GPU thread of a
+//! block (`std::thread::scope`) and those threads walk the blocks of the grid in order,
+//! so blocks run one after another and the threads of a block run concurrently, as on a
+//! GPU. Per launch:
+//! - `sync_threads` is a block-wide barrier;
+//! - a warp shuffle writes the lane's value to a per-warp exchange buffer, waits on a
+//!   per-warp barrier, reads the source lane, and waits again;
+//! - shared memory (static, keyed by call site, and dynamic, sized by the launch) is one
+//!   buffer per block, refilled with `0xff` bytes (NaN for floats) between blocks so that
+//!   reads of unwritten shared memory show up;
+//! - indices are thread-local.
+//!
+//! Barriers poll a launch-wide failure flag, so a panic in one emulated thread ends the
+//! whole launch (the panic is re-raised by [`launch`]) instead of hanging; a barrier not
+//! completed within [`BARRIER_TIMEOUT`] (a kernel that skips `sync_threads` on some
+//! threads) panics too. Cost: a barrier is O(threads) context switches, so the emulator
+//! is for correctness at small shapes, not for speed.
+
+use std::boxed::Box;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+use std::vec::Vec;
+
+use crate::launch::{Dim3, LaunchConfig};
+
+/// A barrier not completed within this time is reported as a deadlock.
+pub const BARRIER_TIMEOUT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(50);
+const POISON_BYTE: u8 = 0xff;
+
+/// Reusable barrier that gives up when the launch has failed.
+struct Barrier {
+    n: usize,
+    state: Mutex<(usize, u64)>,
+    cv: Condvar,
+}
+
+impl Barrier {
+    fn new(n: usize) -> Self {
+        Self {
+            n,
+            state: Mutex::new((0, 0)),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn wait(&self, failed: &AtomicBool) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.0 += 1;
+        if st.0 == self.n {
+            st.0 = 0;
+            st.1 = st.1.wrapping_add(1);
+            self.cv.notify_all();
+            return;
+        }
+        let gen = st.1;
+        let start = Instant::now();
+        while st.1 == gen {
+            if failed.load(Ordering::Relaxed) {
+                drop(st);
+                panic!("emulated kernel aborted: another thread of the launch panicked");
+            }
+            if start.elapsed() > BARRIER_TIMEOUT {
+                failed.store(true, Ordering::Relaxed);
+                drop(st);
+                panic!("emulated kernel deadlock: a barrier was not reached by every thread");
+            }
+            st = self
+                .cv
+                .wait_timeout(st, POLL)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// One warp's shuffle exchange.
+struct Warp {
+    lanes: u32,
+    barrier: Barrier,
+    slots: [AtomicU32; 32],
+}
+
+/// A shared-memory buffer, 16-byte aligned.
+struct SharedBuf {
+    words: Box<[AtomicU32]>,
+}
+
+impl SharedBuf {
+    fn new(bytes: usize) -> Self {
+        let words = bytes.div_ceil(16) * 4;
+        let mut v = Vec::with_capacity(words.max(4));
+        v.resize_with(words.max(4), || {
+            AtomicU32::new(u32::from_ne_bytes([POISON_BYTE; 4]))
+        });
+        let words = v.into_boxed_slice();
+        Self { words }
+    }
+    fn ptr(&self) -> *mut u8 {
+        self.words.as_ptr() as *mut u8
+    }
+    fn poison(&self) {
+        for w in self.words.iter() {
+            w.store(u32::from_ne_bytes([POISON_BYTE; 4]), Ordering::Relaxed);
+        }
+    }
+}
+
+struct Launch {
+    grid: Dim3,
+    block: Dim3,
+    failed: AtomicBool,
+    block_barrier: Barrier,
+    warps: Vec<Warp>,
+    dynamic: SharedBuf,
+    statics: Mutex<Vec<(usize, SharedBuf)>>,
+}
+
+#[derive(Clone, Copy)]
+struct Ctx {
+    launch: *const Launch,
+    tid: Dim3,
+    bid: Dim3,
+    linear: u32,
+}
+
+std::thread_local! {
+    static CTX: Cell<Option<Ctx>> = const { Cell::new(None) };
+}
+
+fn ctx() -> Ctx {
+    match CTX.with(Cell::get) {
+        Some(c) => c,
+        None => panic!("device function called outside an emulated kernel launch"),
+    }
+}
+
+fn launch_ref<'a>(c: &Ctx) -> &'a Launch {
+    // SAFETY: `launch` sets the context only on threads of its own scope, and the
+    // `Launch` outlives that scope.
+    unsafe { &*c.launch }
+}
+
+/// Clears the thread's context when the kernel thread ends, and flags the launch as
+/// failed if it ends by panicking.
+struct Guard<'a>(&'a Launch);
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.failed.store(true, Ordering::Relaxed);
+        }
+        CTX.with(|c| c.set(None));
+    }
+}
+
+/// Wrapper asserting the kernel closure may be shared between emulated threads.
+struct AssertSync<F>(F);
+// SAFETY: `launch`'s contract makes the caller responsible for the closure's captured
+// pointers being used data-race free, exactly as on a GPU.
+unsafe impl<F> Sync for AssertSync<F> {}
+
+/// Runs `kernel` once per GPU thread over `cfg.grid` x `cfg.block`.
+///
+/// Panics if the configuration is empty or has more than 1024 threads per block, or if
+/// any emulated thread panics or deadlocks.
+///
+/// # Safety
+/// Same as launching the kernel on a GPU: every pointer the closure captures must be
+/// valid for the accesses the kernel makes, and concurrent threads must not race (other
+/// than through [`atomic_add_f32`]). `cfg.shared_mem_bytes` must cover the kernel's
+/// dynamic shared memory use.
+pub unsafe fn launch<F: Fn()>(cfg: LaunchConfig, kernel: F) {
+    let threads = cfg.block.count();
+    assert!(threads > 0 && threads <= 1024, "block of {threads} threads");
+    assert!(cfg.grid.count() > 0, "empty grid");
+    let warps = (0..threads.div_ceil(32))
+        .map(|w| {
+            let lanes = (threads - w * 32).min(32) as u32;
+            Warp {
+                lanes,
+                barrier: Barrier::new(lanes as usize),
+                slots: std::array::from_fn(|_| AtomicU32::new(0)),
+            }
+        })
+        .collect();
+    let l = Launch {
+        grid: cfg.grid,
+        block: cfg.block,
+        failed: AtomicBool::new(false),
+        block_barrier: Barrier::new(threads),
+        warps,
+        dynamic: SharedBuf::new(cfg.shared_mem_bytes as usize),
+        statics: Mutex::new(Vec::new()),
+    };
+    let kernel = AssertSync(kernel);
+    let (l, kernel) = (&l, &kernel);
+    std::thread::scope(|s| {
+        for linear in 0..threads as u32 {
+            let tid = cfg.block.unflatten(linear);
+            let spawned = std::thread::Builder::new()
+                .stack_size(1 << 20)
+                .spawn_scoped(s, move || run_thread(l, &kernel.0, tid, linear));
+            if let Err(e) = spawned {
+                l.failed.store(true, Ordering::Relaxed);
+                panic!("cannot spawn emulated thread: {e}");
+            }
+        }
+    });
+}
+
+fn run_thread(l: &Launch, kernel: &dyn Fn(), tid: Dim3, linear: u32) {
+    let _guard = Guard(l);
+    for b in 0..l.grid.count() as u32 {
+        let bid = l.grid.unflatten(b);
+        CTX.with(|c| {
+            c.set(Some(Ctx {
+                launch: l,
+                tid,
+                bid,
+                linear,
+            }))
+        });
+        kernel();
+        l.block_barrier.wait(&l.failed);
+        if linear == 0 {
+            l.dynamic.poison();
+            let statics = l.statics.lock().unwrap_or_else(|e| e.into_inner());
+            statics.iter().for_each(|(_, b)| b.poison());
+        }
+        l.block_barrier.wait(&l.failed);
+    }
+}
+
+macro_rules! index_fns {
+    ($($name:ident => $field:ident . $c:ident;)*) => {$(
+        /// Emulated special register of the same name.
+        pub fn $name() -> u32 {
+            let c = ctx();
+            index_fns!(@get c, $field, $c)
+        }
+    )*};
+    (@get $c:ident, tid, $x:ident) => { $c.tid.$x };
+    (@get $c:ident, bid, $x:ident) => { $c.bid.$x };
+    (@get $c:ident, bdim, $x:ident) => { launch_ref(&$c).block.$x };
+    (@get $c:ident, gdim, $x:ident) => { launch_ref(&$c).grid.$x };
+}
+
+index_fns! {
+    thread_idx_x => tid.x; thread_idx_y => tid.y; thread_idx_z => tid.z;
+    block_idx_x => bid.x; block_idx_y => bid.y; block_idx_z => bid.z;
+    block_dim_x => bdim.x; block_dim_y => bdim.y; block_dim_z => bdim.z;
+    grid_dim_x => gdim.x; grid_dim_y => gdim.y; grid_dim_z => gdim.z;
+}
+
+/// Block-wide barrier.
+pub fn sync_threads() {
+    let c = ctx();
+    let l = launch_ref(&c);
+    l.block_barrier.wait(&l.failed);
+}
+
+fn shuffle(v: f32, src: impl Fn(u32) -> u32) -> f32 {
+    let c = ctx();
+    let l = launch_ref(&c);
+    let w = &l.warps[(c.linear / 32) as usize];
+    let lane = c.linear % 32;
+    w.slots[lane as usize].store(v.to_bits(), Ordering::Relaxed);
+    w.barrier.wait(&l.failed);
+    let s = src(lane);
+    let r = if s < w.lanes {
+        f32::from_bits(w.slots[s as usize].load(Ordering::Relaxed))
+    } else {
+        v
+    };
+    w.barrier.wait(&l.failed);
+    r
+}
+
+/// Butterfly shuffle: the value of lane `lane ^ mask`.
+pub fn shfl_xor_f32(v: f32, mask: u32) -> f32 {
+    shuffle(v, |lane| lane ^ mask)
+}
+
+/// Shuffle down: the value of lane `lane + delta`, or `v` past the warp end.
+pub fn shfl_down_f32(v: f32, delta: u32) -> f32 {
+    shuffle(v, |lane| lane + delta)
+}
+
+/// Base of the block's dynamic shared memory.
+pub fn dynamic_shared_mem() -> *mut u8 {
+    launch_ref(&ctx()).dynamic.ptr()
+}
+
+/// The block's static shared buffer for call site `key` (see [`crate::shared_array!`]).
+pub fn static_shared(key: usize, bytes: usize) -> *mut u8 {
+    let l = launch_ref(&ctx());
+    let mut statics = l.statics.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, b)) = statics.iter().find(|(k, _)| *k == key) {
+        return b.ptr();
+    }
+    let b = SharedBuf::new(bytes);
+    let p = b.ptr();
+    statics.push((key, b));
+    p
+}
+
+/// `atomicAdd` on an `f32`; returns the old value.
+///
+/// # Safety
+/// `p` must be valid, 4-byte aligned, and only accessed atomically by concurrent threads.
+pub unsafe fn atomic_add_f32(p: *mut f32, v: f32) -> f32 {
+    // SAFETY: the caller guarantees `p` is valid and aligned; `AtomicU32` has the same
+    // size and alignment as `f32`.
+    let a = unsafe { AtomicU32::from_ptr(p.cast::<u32>()) };
+    let mut cur = a.load(Ordering::Relaxed);
+    loop {
+        let new = (f32::from_bits(cur) + v).to_bits();
+        match a.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return f32::from_bits(cur),
+            Err(c) => cur = c,
+        }
+    }
+}
+
+/// `e^x`, computed as on the device: `2^(x * log2 e)`.
+pub fn exp_fast(x: f32) -> f32 {
+    (x * core::f32::consts::LOG2_E).exp2()
+}
+
+/// Square root.
+pub fn sqrt(x: f32) -> f32 {
+    x.sqrt()
+}

@@ -1,0 +1,94 @@
+//! nvptx back end of the device API: PTX special registers, `bar.sync`, `shfl.sync`,
+//! `atom.add.f32`, `ex2.approx` and `sqrt.rn`.
+
+use core::arch::{asm, global_asm, nvptx};
+
+macro_rules! special_reg {
+    ($($name:ident => $intr:ident;)*) => {$(
+        /// PTX special register of the same name.
+        #[inline(always)]
+        pub fn $name() -> u32 {
+            // SAFETY: reads a special register.
+            unsafe { nvptx::$intr() as u32 }
+        }
+    )*};
+}
+
+special_reg! {
+    thread_idx_x => _thread_idx_x; thread_idx_y => _thread_idx_y; thread_idx_z => _thread_idx_z;
+    block_idx_x => _block_idx_x; block_idx_y => _block_idx_y; block_idx_z => _block_idx_z;
+    block_dim_x => _block_dim_x; block_dim_y => _block_dim_y; block_dim_z => _block_dim_z;
+    grid_dim_x => _grid_dim_x; grid_dim_y => _grid_dim_y; grid_dim_z => _grid_dim_z;
+}
+
+/// Block-wide barrier (`bar.sync 0`), also a shared-memory fence for the block.
+#[inline(always)]
+pub fn sync_threads() {
+    // SAFETY: convergent barrier intrinsic; callers keep control flow block-uniform.
+    unsafe { nvptx::_syncthreads() }
+}
+
+extern "C" {
+    #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
+    fn shfl_bfly(mask: u32, v: f32, lane_mask: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.shfl.sync.down.f32"]
+    fn shfl_down(mask: u32, v: f32, delta: u32, clamp: u32) -> f32;
+}
+
+/// Butterfly shuffle: the value of lane `lane ^ mask` (full warp).
+#[inline(always)]
+pub fn shfl_xor_f32(v: f32, mask: u32) -> f32 {
+    // SAFETY: convergent warp intrinsic over the full warp.
+    unsafe { shfl_bfly(0xffff_ffff, v, mask, 0x1f) }
+}
+
+/// Shuffle down: the value of lane `lane + delta`, or `v` past the warp end.
+#[inline(always)]
+pub fn shfl_down_f32(v: f32, delta: u32) -> f32 {
+    // SAFETY: convergent warp intrinsic over the full warp.
+    unsafe { shfl_down(0xffff_ffff, v, delta, 0x1f) }
+}
+
+global_asm!(".extern .shared .align 16 .b8 __gk_dyn_smem[];");
+
+/// Base of the dynamic shared memory of the block (size given at launch).
+#[inline(always)]
+pub fn dynamic_shared_mem() -> *mut u8 {
+    let p: u64;
+    // SAFETY: takes the generic address of the dynamic shared window; no access.
+    unsafe { asm!("cvta.shared.u64 {p}, __gk_dyn_smem;", p = out(reg64) p) };
+    p as usize as *mut u8
+}
+
+/// `atomicAdd` on an `f32` in global or shared memory; returns the old value.
+///
+/// # Safety
+/// `p` must be valid, aligned and only accessed atomically by concurrent threads.
+#[inline(always)]
+pub unsafe fn atomic_add_f32(p: *mut f32, v: f32) -> f32 {
+    let old: f32;
+    // SAFETY: the caller guarantees `p` is valid and aligned.
+    unsafe {
+        asm!("atom.add.f32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) p, v = in(reg32) v)
+    };
+    old
+}
+
+/// `e^x` via `ex2.approx.ftz.f32` (about 2 ulp).
+#[inline(always)]
+pub fn exp_fast(x: f32) -> f32 {
+    let y = x * core::f32::consts::LOG2_E;
+    let r: f32;
+    // SAFETY: pure arithmetic instruction.
+    unsafe { asm!("ex2.approx.ftz.f32 {r}, {y};", r = out(reg32) r, y = in(reg32) y) };
+    r
+}
+
+/// Correctly rounded square root (`sqrt.rn.f32`).
+#[inline(always)]
+pub fn sqrt(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic instruction.
+    unsafe { asm!("sqrt.rn.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x) };
+    r
+}

@@ -1,0 +1,148 @@
+//! Monomorphised entry points and the [`KERNELS`] table.
+//!
+//! [`define_kernels!`] takes kernel families (a parameter list written over the aliases
+//! `T` (storage type) and `D` (head size), and the generic body to call) and, for each
+//! instance, emits a module named after the entry point holding `type T`, `const D`,
+//! the entry function and its [`KernelSig`]:
+//! - on nvptx: `#[no_mangle] pub unsafe extern "ptx-kernel" fn NAME(params)`, the PTX
+//!   `.entry NAME`;
+//! - on the host: `pub unsafe fn NAME(params)`, run per emulated thread inside
+//!   [`crate::device::emu::launch`].
+//!
+//! [`KERNELS`] lists every instance in order; its parameter kinds come from the Rust
+//! parameter types, and the golden test checks them against the compiled PTX.
+
+use crate::sig::{KernelParam, KernelSig, ParamSig};
+#[allow(unused_imports)]
+use half::{bf16, f16};
+
+macro_rules! kernel_instance {
+    ($name:ident, $t:ty, $d:expr, ($($arg:ident : $ty:ty),* $(,)?), $imp:expr) => {
+        #[doc = concat!("Entry point `", stringify!($name), "`.")]
+        #[allow(dead_code, unused_imports)]
+        pub mod $name {
+            use super::*;
+            /// Storage type of this instance.
+            pub type T = $t;
+            /// Head size of this instance (0 where not applicable).
+            pub const D: usize = $d;
+
+            #[doc = concat!("`", stringify!($imp), "`.")]
+            ///
+            /// # Safety
+            /// See the generic kernel's `# Safety` section.
+            #[cfg(target_arch = "nvptx64")]
+            #[no_mangle]
+            pub unsafe extern "ptx-kernel" fn $name($($arg: $ty),*) {
+                // SAFETY: forwarded contract of the generic kernel.
+                unsafe { $imp($($arg),*) }
+            }
+
+            #[doc = concat!("`", stringify!($imp), "`, one emulated thread.")]
+            ///
+            /// # Safety
+            /// See the generic kernel's `# Safety` section.
+            #[cfg(not(target_arch = "nvptx64"))]
+            pub unsafe fn $name($($arg: $ty),*) {
+                // SAFETY: forwarded contract of the generic kernel.
+                unsafe { $imp($($arg),*) }
+            }
+
+            /// Signature of this entry point.
+            pub const SIG: KernelSig = KernelSig {
+                name: stringify!($name),
+                params: &[$(ParamSig { name: stringify!($arg), kind: <$ty as KernelParam>::KIND }),*],
+            };
+        }
+    };
+}
+
+macro_rules! define_kernels {
+    ($( family $args:tt => $imp:expr ; { $( $name:ident : $t:ty , $d:expr ; )* } )*) => {
+        $( $( kernel_instance!($name, $t, $d, $args, $imp); )* )*
+        /// Every entry point, in definition order.
+        pub const KERNELS: &[KernelSig] = &[ $( $( $name::SIG, )* )* ];
+    };
+}
+
+define_kernels! {
+    family (out: *mut T, q: *const T, k_cache: *const T, v_cache: *const T, block_tables: *const u32,
+            context_lens: *const u32, num_kv_heads: u32, scale: f32, block_size: u32, max_blocks_per_seq: u32)
+        => crate::attention::paged_attention_v1::<T, D>;
+    {
+        paged_attention_v1_f32_h64: f32, 64; paged_attention_v1_f32_h80: f32, 80;
+        paged_attention_v1_f32_h96: f32, 96; paged_attention_v1_f32_h128: f32, 128;
+        paged_attention_v1_f32_h256: f32, 256;
+        paged_attention_v1_f16_h64: f16, 64; paged_attention_v1_f16_h80: f16, 80;
+        paged_attention_v1_f16_h96: f16, 96; paged_attention_v1_f16_h128: f16, 128;
+        paged_attention_v1_f16_h256: f16, 256;
+        paged_attention_v1_bf16_h64: bf16, 64; paged_attention_v1_bf16_h80: bf16, 80;
+        paged_attention_v1_bf16_h96: bf16, 96; paged_attention_v1_bf16_h128: bf16, 128;
+        paged_attention_v1_bf16_h256: bf16, 256;
+    }
+    family (tmp_out: *mut f32, max_logits: *mut f32, exp_sums: *mut f32, q: *const T, k_cache: *const T,
+            v_cache: *const T, block_tables: *const u32, context_lens: *const u32, num_kv_heads: u32, scale: f32,
+            block_size: u32, max_blocks_per_seq: u32, partition_size: u32)
+        => crate::attention::paged_attention_v2::<T, D>;
+    {
+        paged_attention_v2_f32_h64: f32, 64; paged_attention_v2_f32_h80: f32, 80;
+        paged_attention_v2_f32_h96: f32, 96; paged_attention_v2_f32_h128: f32, 128;
+        paged_attention_v2_f32_h256: f32, 256;
+        paged_attention_v2_f16_h64: f16, 64; paged_attention_v2_f16_h80: f16, 80;
+        paged_attention_v2_f16_h96: f16, 96; paged_attention_v2_f16_h128: f16, 128;
+        paged_attention_v2_f16_h256: f16, 256;
+        paged_attention_v2_bf16_h64: bf16, 64; paged_attention_v2_bf16_h80: bf16, 80;
+        paged_attention_v2_bf16_h96: bf16, 96; paged_attention_v2_bf16_h128: bf16, 128;
+        paged_attention_v2_bf16_h256: bf16, 256;
+    }
+    family (out: *mut T, tmp_out: *const f32, max_logits: *const f32, exp_sums: *const f32,
+            context_lens: *const u32, partition_size: u32, max_partitions: u32)
+        => crate::attention::paged_attention_v2_reduce::<T, D>;
+    {
+        paged_attention_v2_reduce_f32_h64: f32, 64; paged_attention_v2_reduce_f32_h80: f32, 80;
+        paged_attention_v2_reduce_f32_h96: f32, 96; paged_attention_v2_reduce_f32_h128: f32, 128;
+        paged_attention_v2_reduce_f32_h256: f32, 256;
+        paged_attention_v2_reduce_f16_h64: f16, 64; paged_attention_v2_reduce_f16_h80: f16, 80;
+        paged_attention_v2_reduce_f16_h96: f16, 96; paged_attention_v2_reduce_f16_h128: f16, 128;
+        paged_attention_v2_reduce_f16_h256: f16, 256;
+        paged_attention_v2_reduce_bf16_h64: bf16, 64; paged_attention_v2_reduce_bf16_h80: bf16, 80;
+        paged_attention_v2_reduce_bf16_h96: bf16, 96; paged_attention_v2_reduce_bf16_h128: bf16, 128;
+        paged_attention_v2_reduce_bf16_h256: bf16, 256;
+    }
+    family (out: *mut T, q: *const T, k_cache: *const T, v_cache: *const T, block_tables: *const u32,
+            context_lens: *const u32, query_start_loc: *const u32, num_seqs: u32, num_kv_heads: u32, scale: f32,
+            block_size: u32, max_blocks_per_seq: u32)
+        => crate::attention::prefill_attention::<T, D>;
+    {
+        prefill_attention_f32_h64: f32, 64; prefill_attention_f32_h80: f32, 80;
+        prefill_attention_f32_h96: f32, 96; prefill_attention_f32_h128: f32, 128;
+        prefill_attention_f32_h256: f32, 256;
+        prefill_attention_f16_h64: f16, 64; prefill_attention_f16_h80: f16, 80;
+        prefill_attention_f16_h96: f16, 96; prefill_attention_f16_h128: f16, 128;
+        prefill_attention_f16_h256: f16, 256;
+        prefill_attention_bf16_h64: bf16, 64; prefill_attention_bf16_h80: bf16, 80;
+        prefill_attention_bf16_h96: bf16, 96; prefill_attention_bf16_h128: bf16, 128;
+        prefill_attention_bf16_h256: bf16, 256;
+    }
+    family (key: *const T, value: *const T, k_cache: *mut T, v_cache: *mut T, slot_mapping: *const u32,
+            num_kv_heads: u32, head_dim: u32, key_stride: u32, value_stride: u32)
+        => crate::cache::reshape_and_cache::<T>;
+    { reshape_and_cache_f32: f32, 0; reshape_and_cache_f16: f16, 0; reshape_and_cache_bf16: bf16, 0; }
+    family (key_cache_ptrs: *const u64, value_cache_ptrs: *const u64, block_mapping: *const u32, numel_per_block: u32)
+        => crate::cache::copy_blocks::<T>;
+    { copy_blocks_f32: f32, 0; copy_blocks_f16: f16, 0; copy_blocks_bf16: bf16, 0; }
+    family (out: *mut T, input: *const T, weight: *const T, eps: f32, hidden: u32)
+        => crate::norm::rms_norm::<T>;
+    { rms_norm_f32: f32, 0; rms_norm_f16: f16, 0; rms_norm_bf16: bf16, 0; }
+    family (input: *mut T, residual: *mut T, weight: *const T, eps: f32, hidden: u32)
+        => crate::norm::fused_add_rms_norm::<T>;
+    { fused_add_rms_norm_f32: f32, 0; fused_add_rms_norm_f16: f16, 0; fused_add_rms_norm_bf16: bf16, 0; }
+    family (positions: *const u32, query: *mut T, key: *mut T, cos_sin_cache: *const f32, num_heads: u32,
+            num_kv_heads: u32, head_dim: u32, rot_dim: u32)
+        => crate::elementwise::rotary_embedding::<T>;
+    { rotary_embedding_f32: f32, 0; rotary_embedding_f16: f16, 0; rotary_embedding_bf16: bf16, 0; }
+    family (out: *mut T, input: *const T, d: u32) => crate::elementwise::silu_and_mul::<T>;
+    { silu_and_mul_f32: f32, 0; silu_and_mul_f16: f16, 0; silu_and_mul_bf16: bf16, 0; }
+    family (out: *mut T, ids: *const u32, table: *const T, hidden: u32) => crate::elementwise::embedding::<T>;
+    { embedding_f32: f32, 0; embedding_f16: f16, 0; embedding_bf16: bf16, 0; }
+}

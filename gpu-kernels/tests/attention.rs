@@ -1,0 +1,346 @@
+//! Paged attention kernels on the emulator against an f64 reference.
+mod common;
+
+use common::{assert_close, poisoned, TestRng, BF16, F16, THREADS};
+use gpu_kernels::attention::{
+    paged_attention_v1, paged_attention_v2, paged_attention_v2_reduce, prefill_attention,
+};
+use gpu_kernels::device::emu::launch;
+use gpu_kernels::{launch as geom, Storage};
+
+/// A paged KV cache with ragged sequences placed in shuffled physical blocks.
+struct Paged<T> {
+    block_size: usize,
+    kv_heads: usize,
+    max_blocks: usize,
+    k: Vec<T>,
+    v: Vec<T>,
+    tables: Vec<u32>,
+    ctx: Vec<u32>,
+}
+
+impl<T: Storage> Paged<T> {
+    fn new(
+        r: &mut TestRng,
+        ctx: &[u32],
+        block_size: usize,
+        kv_heads: usize,
+        d: usize,
+        max_blocks: usize,
+    ) -> Self {
+        let used: usize = ctx.iter().map(|&c| (c as usize).div_ceil(block_size)).sum();
+        let num_blocks = used + 3;
+        let perm = r.shuffled(num_blocks);
+        let mut next = 0;
+        let mut tables = Vec::with_capacity(ctx.len() * max_blocks);
+        for &c in ctx {
+            let need = (c as usize).div_ceil(block_size);
+            assert!(need <= max_blocks);
+            for j in 0..max_blocks {
+                // Entries past the context point at random (valid, wrong) blocks.
+                tables.push(if j < need {
+                    next += 1;
+                    perm[next - 1]
+                } else {
+                    r.range(0, num_blocks - 1) as u32
+                });
+            }
+        }
+        let n = num_blocks * block_size * kv_heads * d;
+        Self {
+            block_size,
+            kv_heads,
+            max_blocks,
+            k: r.vec(n, -1.0, 1.0),
+            v: r.vec(n, -1.0, 1.0),
+            tables,
+            ctx: ctx.to_vec(),
+        }
+    }
+
+    fn row(&self, s: usize, t: usize, kvh: usize, d: usize) -> usize {
+        let blk = self.tables[s * self.max_blocks + t / self.block_size] as usize;
+        ((blk * self.block_size + t % self.block_size) * self.kv_heads + kvh) * d
+    }
+
+    /// f64 softmax attention of query row `q` over tokens `0..len` of seq `s`.
+    #[allow(clippy::too_many_arguments)] // mirrors the kernel's problem description
+    fn reference(
+        &self,
+        q: &[T],
+        s: usize,
+        head: usize,
+        heads: usize,
+        len: usize,
+        scale: f64,
+        d: usize,
+    ) -> Vec<f64> {
+        let kvh = head / (heads / self.kv_heads);
+        let logits: Vec<f64> = (0..len)
+            .map(|t| {
+                let k = &self.k[self.row(s, t, kvh, d)..][..d];
+                scale
+                    * q.iter()
+                        .zip(k)
+                        .map(|(a, b)| a.to_f32() as f64 * b.to_f32() as f64)
+                        .sum::<f64>()
+            })
+            .collect();
+        let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = logits.iter().map(|l| (l - m).exp()).collect();
+        let z: f64 = p.iter().sum();
+        (0..d)
+            .map(|i| {
+                (0..len)
+                    .map(|t| p[t] * self.v[self.row(s, t, kvh, d) + i].to_f32() as f64)
+                    .sum::<f64>()
+                    / z
+            })
+            .collect()
+    }
+}
+
+/// Context lengths: ragged, one exactly at a block boundary, one at the maximum, one of 1.
+fn contexts(r: &mut TestRng, block_size: usize, max_blocks: usize) -> Vec<u32> {
+    let max = block_size * max_blocks;
+    vec![
+        r.range(2, max - 1) as u32,
+        (block_size * r.range(1, max_blocks)) as u32,
+        max as u32,
+        1,
+    ]
+}
+
+/// `block_size` 0 picks one of 8, 16, 32 at random.
+fn decode_case<T: Storage, const D: usize>(
+    r: &mut TestRng,
+    block_size: usize,
+    heads: usize,
+    kv_heads: usize,
+) {
+    let block_size = if block_size == 0 {
+        [8, 16, 32][r.range(0, 2)]
+    } else {
+        block_size
+    };
+    let max_blocks = 40usize.div_ceil(block_size).max(2);
+    let ctx = contexts(r, block_size, max_blocks);
+    let seqs = ctx.len();
+    let kv = Paged::<T>::new(r, &ctx, block_size, kv_heads, D, max_blocks);
+    let q: Vec<T> = r.vec(seqs * heads * D, -1.0, 1.0);
+    let scale = 1.0 / (D as f32).sqrt();
+    let want: Vec<f64> = (0..seqs)
+        .flat_map(|s| (0..heads).map(move |h| (s, h)))
+        .flat_map(|(s, h)| {
+            kv.reference(
+                &q[(s * heads + h) * D..][..D],
+                s,
+                h,
+                heads,
+                ctx[s] as usize,
+                scale as f64,
+                D,
+            )
+        })
+        .collect();
+    let what = format!("D={D} bs={block_size} heads={heads}/{kv_heads} ctx={ctx:?}");
+    let max_ctx = *ctx.iter().max().unwrap_or(&1);
+
+    // Single pass.
+    let mut out = poisoned::<T>(seqs * heads * D);
+    let (o, qp, kp, vp, bt, cl) = (
+        out.as_mut_ptr(),
+        q.as_ptr(),
+        kv.k.as_ptr(),
+        kv.v.as_ptr(),
+        kv.tables.as_ptr(),
+        kv.ctx.as_ptr(),
+    );
+    let cfg = geom::paged_attention_v1(seqs as u32, heads as u32, max_ctx, THREADS);
+    // SAFETY: buffers sized as the kernel's contract requires; they outlive the launch.
+    unsafe {
+        launch(cfg, || {
+            paged_attention_v1::<T, D>(
+                o,
+                qp,
+                kp,
+                vp,
+                bt,
+                cl,
+                kv_heads as u32,
+                scale,
+                block_size as u32,
+                max_blocks as u32,
+            )
+        })
+    };
+    assert_close(&format!("v1 {what}"), r.seed, &out, &want);
+
+    // Split-K with a partition smaller than the longest context.
+    let part = [8u32, 16, 24][r.range(0, 2)];
+    let parts = geom::num_partitions(max_ctx, part) as usize;
+    let mut tmp = vec![f32::NAN; seqs * heads * parts * D];
+    let mut ml = vec![f32::NAN; seqs * heads * parts];
+    let mut es = vec![f32::NAN; seqs * heads * parts];
+    let mut out2 = poisoned::<T>(seqs * heads * D);
+    let (tp, mp, ep, o2) = (
+        tmp.as_mut_ptr(),
+        ml.as_mut_ptr(),
+        es.as_mut_ptr(),
+        out2.as_mut_ptr(),
+    );
+    let cfg = geom::paged_attention_v2(seqs as u32, heads as u32, max_ctx, part, THREADS);
+    let cfg_r = geom::paged_attention_v2_reduce(seqs as u32, heads as u32, THREADS);
+    // SAFETY: as above; the reduce reads only partitions the first launch wrote.
+    unsafe {
+        launch(cfg, || {
+            paged_attention_v2::<T, D>(
+                tp,
+                mp,
+                ep,
+                qp,
+                kp,
+                vp,
+                bt,
+                cl,
+                kv_heads as u32,
+                scale,
+                block_size as u32,
+                max_blocks as u32,
+                part,
+            )
+        });
+        launch(cfg_r, || {
+            paged_attention_v2_reduce::<T, D>(o2, tp, mp, ep, cl, part, parts as u32)
+        });
+    }
+    assert_close(&format!("v2 partition {part} {what}"), r.seed, &out2, &want);
+}
+
+fn decode_all_heads<T: Storage>(name: &str) {
+    let mut r = TestRng::new(name);
+    // Every head size; block size (random) and GQA shape vary with it (MHA, GQA, MQA).
+    decode_case::<T, 64>(&mut r, 0, 4, 2);
+    decode_case::<T, 80>(&mut r, 0, 2, 1);
+    decode_case::<T, 96>(&mut r, 0, 2, 2);
+    decode_case::<T, 128>(&mut r, 0, 4, 1);
+    decode_case::<T, 256>(&mut r, 0, 2, 1);
+}
+
+#[test]
+fn decode_f32() {
+    decode_all_heads::<f32>("decode_f32");
+}
+
+#[test]
+fn decode_f16() {
+    decode_all_heads::<F16>("decode_f16");
+}
+
+#[test]
+fn decode_bf16() {
+    decode_all_heads::<BF16>("decode_bf16");
+}
+
+#[test]
+fn decode_every_block_size() {
+    let mut r = TestRng::new("decode_every_block_size");
+    for bs in [8, 16, 32] {
+        decode_case::<f32, 64>(&mut r, bs, 2, 1);
+    }
+}
+
+fn prefill_case<T: Storage, const D: usize>(name: &str) {
+    let mut r = TestRng::new(name);
+    let bs = [8usize, 16, 32][r.range(0, 2)];
+    let (heads, kv_heads, max_blocks) = (2usize, 1usize, 40usize.div_ceil(bs).max(2));
+    let max = bs * max_blocks;
+    // (context, new query tokens): plain prefill, chunked prefill over a cached prefix
+    // ending at a block boundary, a chunk reaching the maximum length, a decode-like 1.
+    let prefix = bs * r.range(1, max_blocks - 1);
+    let shapes = [
+        (r.range(1, 6), 0usize),
+        (prefix + r.range(1, 4), prefix),
+        (max, max - r.range(1, 4)),
+        (1, 0),
+    ];
+    let ctx: Vec<u32> = shapes.iter().map(|&(c, _)| c as u32).collect();
+    let qlens: Vec<usize> = shapes.iter().map(|&(c, p)| c - p).collect();
+    let mut qsl = vec![0u32];
+    for &l in &qlens {
+        qsl.push(qsl[qsl.len() - 1] + l as u32);
+    }
+    let tokens = qsl[qsl.len() - 1] as usize;
+    let kv = Paged::<T>::new(&mut r, &ctx, bs, kv_heads, D, max_blocks);
+    let q: Vec<T> = r.vec(tokens * heads * D, -1.0, 1.0);
+    let scale = 1.0 / (D as f32).sqrt();
+    let mut want = Vec::new();
+    for (s, &l) in qlens.iter().enumerate() {
+        for i in 0..l {
+            let tok = qsl[s] as usize + i;
+            let pos = ctx[s] as usize - l + i;
+            for h in 0..heads {
+                want.extend(kv.reference(
+                    &q[(tok * heads + h) * D..][..D],
+                    s,
+                    h,
+                    heads,
+                    pos + 1,
+                    scale as f64,
+                    D,
+                ));
+            }
+        }
+    }
+    let mut out = poisoned::<T>(tokens * heads * D);
+    let (o, qp, kp, vp, bt, cl, ql) = (
+        out.as_mut_ptr(),
+        q.as_ptr(),
+        kv.k.as_ptr(),
+        kv.v.as_ptr(),
+        kv.tables.as_ptr(),
+        kv.ctx.as_ptr(),
+        qsl.as_ptr(),
+    );
+    let cfg = geom::prefill_attention(tokens as u32, heads as u32, max as u32, THREADS);
+    // SAFETY: buffers sized as the kernel's contract requires; they outlive the launch.
+    unsafe {
+        launch(cfg, || {
+            prefill_attention::<T, D>(
+                o,
+                qp,
+                kp,
+                vp,
+                bt,
+                cl,
+                ql,
+                ctx.len() as u32,
+                kv_heads as u32,
+                scale,
+                bs as u32,
+                max_blocks as u32,
+            )
+        })
+    };
+    assert_close(
+        &format!("prefill D={D} bs={bs} ctx={ctx:?} q={qlens:?}"),
+        r.seed,
+        &out,
+        &want,
+    );
+}
+
+#[test]
+fn prefill_f32() {
+    prefill_case::<f32, 64>("prefill_f32");
+}
+
+#[test]
+fn prefill_f16() {
+    prefill_case::<F16, 80>("prefill_f16");
+}
+
+#[test]
+fn prefill_bf16() {
+    prefill_case::<BF16, 128>("prefill_bf16");
+}
