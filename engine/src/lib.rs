@@ -7,3 +7,9 @@ pub mod executor;
 pub mod kv;
 pub mod model;
 pub mod scheduler;
+pub mod engine_loop;
+pub mod error;
+pub mod sampler;
+
+pub use engine_loop::{EngineConfig, EngineHandle, LlmEngine, RequestOutput, RequestStream};
+pub use error::EngineError;

@@ -1,0 +1,305 @@
+//! The engine loop: schedule -> block operations -> forward pass -> sample ->
+//! append tokens / finish -> outputs, and the async handle around it.
+//!
+//! Invariants:
+//! - a sequence's sampled token is appended to its `tokens` in the same step
+//!   it is sampled; its K/V is written by the next step's `append_slots`;
+//! - a finished sequence's blocks are freed in the step it finishes;
+//! - an executor failure aborts (and frees) every request it touched, and the
+//!   loop keeps serving the others.
+//!
+//! Cost per step: the scheduler's, the forward pass, and O(rows x vocab)
+//! greedy sampling.
+
+mod handle;
+mod output;
+
+pub use handle::{EngineHandle, HandleConfig, RequestStream, ShutdownMode};
+pub use output::{RequestOutput, SeqOutput};
+
+use crate::error::EngineError;
+use crate::executor::{Executor, Logits};
+use crate::kv::{KvCacheManager, KvStats};
+use crate::sampler::Sampler;
+use crate::scheduler::{
+    FinishReason, RequestId, RequestParams, SampleTarget, Scheduler, SchedulerConfig,
+    SchedulerOutput, SchedulerStats,
+};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Engine configuration beyond the KV cache (which is built by the caller).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EngineConfig {
+    pub scheduler: SchedulerConfig,
+    /// Tokens that end a sequence unless `ignore_eos` (the model's EOS).
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Snapshot of the engine's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    pub scheduler: SchedulerStats,
+    pub kv: KvStats,
+}
+
+/// Cumulative wall time per part of a step (for the overhead report; never
+/// asserted on in tests).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepTimings {
+    pub schedule: Duration,
+    pub execute: Duration,
+    pub postprocess: Duration,
+    pub steps: u64,
+}
+
+/// The synchronous engine: owns the scheduler, the KV cache and the executor.
+pub struct LlmEngine {
+    scheduler: Scheduler,
+    kv: Box<dyn KvCacheManager>,
+    executor: Box<dyn Executor>,
+    sampler: Sampler,
+    eos_token_ids: Vec<u32>,
+    timings: StepTimings,
+}
+
+impl LlmEngine {
+    /// Checks that the KV cache and the executor agree on the block layout.
+    pub fn new(
+        config: EngineConfig,
+        kv: Box<dyn KvCacheManager>,
+        executor: Box<dyn Executor>,
+    ) -> Result<Self, EngineError> {
+        if kv.block_size() != executor.block_size() {
+            return Err(EngineError::InvalidConfig(format!(
+                "KV cache block size {} differs from the executor's {}",
+                kv.block_size(),
+                executor.block_size()
+            )));
+        }
+        let stats = kv.stats();
+        let (gpu, cpu) = executor.num_blocks();
+        if stats.total_blocks > gpu || stats.cpu_total_blocks > cpu {
+            return Err(EngineError::InvalidConfig(format!(
+                "KV cache has {}+{} blocks but the executor's pools hold {gpu}+{cpu}",
+                stats.total_blocks, stats.cpu_total_blocks
+            )));
+        }
+        Ok(Self {
+            scheduler: Scheduler::new(config.scheduler)?,
+            kv,
+            executor,
+            sampler: Sampler,
+            eos_token_ids: config.eos_token_ids,
+            timings: StepTimings::default(),
+        })
+    }
+
+    /// Queues a request; refuses at once what can never run.
+    pub fn add_request(
+        &mut self,
+        request_id: RequestId,
+        prompt: Vec<u32>,
+        params: RequestParams,
+    ) -> Result<(), EngineError> {
+        self.scheduler
+            .add_request(self.kv.as_ref(), request_id, prompt, params)
+    }
+
+    /// Aborts a request wherever it is; its blocks are freed at once.
+    /// Returns false for an unknown or finished id.
+    pub fn abort_request(&mut self, request_id: RequestId) -> bool {
+        self.scheduler.abort(self.kv.as_mut(), request_id).is_some()
+    }
+
+    /// Whether any request is unfinished.
+    pub fn has_unfinished(&self) -> bool {
+        self.scheduler.has_unfinished()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            scheduler: self.scheduler.stats(),
+            kv: self.kv.stats(),
+        }
+    }
+
+    pub fn timings(&self) -> StepTimings {
+        self.timings
+    }
+
+    pub fn scheduler_config(&self) -> &SchedulerConfig {
+        self.scheduler.config()
+    }
+
+    /// Tokens the whole accelerator pool holds.
+    pub fn kv_capacity_tokens(&self) -> usize {
+        self.kv.stats().total_blocks * self.kv.block_size()
+    }
+
+    /// Runs one iteration and returns every request's news.
+    pub fn step(&mut self) -> Vec<RequestOutput> {
+        let t0 = Instant::now();
+        let sched = self.scheduler.schedule(self.kv.as_mut());
+        let t1 = Instant::now();
+        let mut outs = Outputs::default();
+        for (id, e) in &sched.refused {
+            outs.push_failed(*id, e.clone());
+        }
+        if sched.is_empty() {
+            self.timings.schedule += t1 - t0;
+            return outs.list;
+        }
+        let result = self.executor.execute(&sched.ops, &sched.batch);
+        let t2 = Instant::now();
+        match result {
+            Ok(logits) if logits.rows == sched.targets.len() => {
+                self.apply_logits(&sched.targets, &logits, &mut outs)
+            }
+            Ok(logits) => self.fail_step(
+                &sched,
+                EngineError::Executor(format!(
+                    "{} logits rows for {} sequences",
+                    logits.rows,
+                    sched.targets.len()
+                )),
+                &mut outs,
+            ),
+            Err(e) => self.fail_step(&sched, e.into(), &mut outs),
+        }
+        let t3 = Instant::now();
+        self.timings.schedule += t1 - t0;
+        self.timings.execute += t2 - t1;
+        self.timings.postprocess += t3 - t2;
+        self.timings.steps += 1;
+        outs.list
+    }
+
+    /// Samples each row, appends the token and finishes what must finish.
+    fn apply_logits(&mut self, targets: &[SampleTarget], logits: &Logits, outs: &mut Outputs) {
+        let max_model_len = self.scheduler.config().max_model_len;
+        let sampled_rows = self.sampler.greedy_rows(logits);
+        for (target, sampled) in targets.iter().zip(sampled_rows) {
+            let Some(group) = self.scheduler.group_mut(target.request_id) else {
+                continue;
+            };
+            let cached = group.num_cached_tokens;
+            let params = &group.params;
+            let Some(seq) = group.seqs.get_mut(target.seq_index) else {
+                continue;
+            };
+            seq.tokens.push(sampled.token);
+            seq.output_logprobs.push(sampled.logprob);
+            let reason = finish_reason(
+                params,
+                &self.eos_token_ids,
+                sampled.token,
+                seq.output_tokens().len(),
+                seq.tokens.len(),
+                max_model_len,
+            );
+            let out = outs.get(target.request_id);
+            out.num_cached_tokens = cached;
+            let so = out.seq_mut(target.seq_index);
+            so.new_token_ids.push(sampled.token);
+            so.new_logprobs.push(sampled.logprob);
+            so.finish_reason = reason;
+            if let Some(reason) = reason {
+                let done = self.scheduler.finish_seq(
+                    self.kv.as_mut(),
+                    target.request_id,
+                    target.seq_index,
+                    reason,
+                );
+                outs.get(target.request_id).finished = done.is_some();
+            }
+        }
+        self.scheduler.record_generated(targets.len());
+    }
+
+    /// Aborts every request the failed step touched.
+    fn fail_step(&mut self, sched: &SchedulerOutput, error: EngineError, outs: &mut Outputs) {
+        tracing::error!(%error, "step failed; aborting its requests");
+        let touched = sched.scheduled.iter().chain(&sched.preempted);
+        for &id in touched {
+            if self.scheduler.abort(self.kv.as_mut(), id).is_some() {
+                outs.push_failed(id, error.clone());
+            }
+        }
+    }
+}
+
+/// Why a sequence that just got `token` stops, if it does.
+fn finish_reason(
+    params: &RequestParams,
+    eos: &[u32],
+    token: u32,
+    output_len: usize,
+    total_len: usize,
+    max_model_len: usize,
+) -> Option<FinishReason> {
+    if params.stop_token_ids.contains(&token) || (!params.ignore_eos && eos.contains(&token)) {
+        Some(FinishReason::Stop)
+    } else if params.max_tokens.is_some_and(|m| output_len >= m) || total_len >= max_model_len {
+        Some(FinishReason::Length)
+    } else {
+        None
+    }
+}
+
+/// Outputs of one step in first-touched order.
+#[derive(Default)]
+struct Outputs {
+    list: Vec<RequestOutput>,
+    index: HashMap<RequestId, usize>,
+}
+
+impl Outputs {
+    fn get(&mut self, id: RequestId) -> &mut RequestOutput {
+        let i = *self.index.entry(id).or_insert_with(|| {
+            self.list.push(RequestOutput::new(id));
+            self.list.len() - 1
+        });
+        &mut self.list[i]
+    }
+
+    fn push_failed(&mut self, id: RequestId, error: EngineError) {
+        *self.get(id) = RequestOutput::failed(id, error);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finish_rules() {
+        let p = RequestParams {
+            max_tokens: Some(3),
+            stop_token_ids: vec![7],
+            ..RequestParams::default()
+        };
+        assert_eq!(
+            finish_reason(&p, &[2], 2, 1, 5, 100),
+            Some(FinishReason::Stop)
+        );
+        assert_eq!(
+            finish_reason(&p, &[2], 7, 1, 5, 100),
+            Some(FinishReason::Stop)
+        );
+        assert_eq!(finish_reason(&p, &[2], 5, 1, 5, 100), None);
+        assert_eq!(
+            finish_reason(&p, &[2], 5, 3, 5, 100),
+            Some(FinishReason::Length)
+        );
+        assert_eq!(
+            finish_reason(&p, &[2], 5, 1, 100, 100),
+            Some(FinishReason::Length)
+        );
+        let ignore = RequestParams {
+            ignore_eos: true,
+            ..p
+        };
+        assert_eq!(finish_reason(&ignore, &[2], 2, 1, 5, 100), None);
+    }
+}

@@ -1,0 +1,74 @@
+//! What a step reports per request.
+
+use crate::error::EngineError;
+use crate::scheduler::{FinishReason, RequestId};
+
+/// New tokens of one sequence of a request since the previous output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqOutput {
+    /// Index of the sequence in its group (0 for n = 1).
+    pub index: usize,
+    pub new_token_ids: Vec<u32>,
+    /// Logprob of each new token.
+    pub new_logprobs: Vec<f32>,
+    /// Set on the sequence's last output.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// One request's news from one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOutput {
+    pub request_id: RequestId,
+    pub seqs: Vec<SeqOutput>,
+    /// The request is done; no more outputs follow.
+    pub finished: bool,
+    /// Why the request was refused or failed (then `finished` is true).
+    pub error: Option<EngineError>,
+    /// Prompt tokens found in the prefix cache at the last admission.
+    pub num_cached_tokens: usize,
+}
+
+impl RequestOutput {
+    pub(crate) fn new(request_id: RequestId) -> Self {
+        Self {
+            request_id,
+            seqs: Vec::new(),
+            finished: false,
+            error: None,
+            num_cached_tokens: 0,
+        }
+    }
+
+    pub(crate) fn failed(request_id: RequestId, error: EngineError) -> Self {
+        Self {
+            finished: true,
+            error: Some(error),
+            ..Self::new(request_id)
+        }
+    }
+
+    /// The entry for sequence `index`, created on first use.
+    pub(crate) fn seq_mut(&mut self, index: usize) -> &mut SeqOutput {
+        let pos = match self.seqs.iter().position(|s| s.index == index) {
+            Some(p) => p,
+            None => {
+                self.seqs.push(SeqOutput {
+                    index,
+                    new_token_ids: Vec::new(),
+                    new_logprobs: Vec::new(),
+                    finish_reason: None,
+                });
+                self.seqs.len() - 1
+            }
+        };
+        &mut self.seqs[pos]
+    }
+
+    /// All new tokens of sequence 0 (convenience for n = 1).
+    pub fn token_ids(&self) -> &[u32] {
+        self.seqs
+            .iter()
+            .find(|s| s.index == 0)
+            .map_or(&[], |s| &s.new_token_ids)
+    }
+}

@@ -1,0 +1,176 @@
+//! Turning a logits row into a token: greedy for now.
+//!
+//! The sampling issue extends [`Sampler`] (temperature, top-k/p, penalties,
+//! seeded generators) behind the same call: one logits row in, one
+//! [`Sampled`] token with its logprob out.
+//!
+//! Invariants: ties go to the lowest token id; NaN logits are never chosen
+//! (a row of only NaN yields token 0 with logprob NaN); the logprob is
+//! `logit - logsumexp(row)` over the finite logits. Cost: O(vocab) per row.
+
+/// One chosen token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    /// Natural log of the token's softmax probability.
+    pub logprob: f32,
+}
+
+/// Chooses tokens from logits rows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sampler;
+
+impl Sampler {
+    /// Greedy choice for each row (rows in parallel when there are several).
+    pub fn greedy_rows(&self, logits: &crate::executor::Logits) -> Vec<Sampled> {
+        use rayon::prelude::*;
+        if logits.rows < 2 {
+            return (0..logits.rows)
+                .map(|r| self.greedy(logits.row(r)))
+                .collect();
+        }
+        logits
+            .data
+            .par_chunks(logits.vocab.max(1))
+            .take(logits.rows)
+            .map(|row| self.greedy(row))
+            .collect()
+    }
+
+    /// Greedy choice: the argmax of `row`. Three vectorizable passes: the
+    /// maximum, its first index, the log-sum-exp.
+    pub fn greedy(&self, row: &[f32]) -> Sampled {
+        let max = max_ignoring_nan(row);
+        let Some(token) = row.iter().position(|&v| v == max) else {
+            // Only NaN.
+            return Sampled {
+                token: 0,
+                logprob: f32::NAN,
+            };
+        };
+        Sampled {
+            token: token as u32,
+            logprob: max - log_sum_exp(row, max),
+        }
+    }
+}
+
+/// The largest non-NaN value (`-inf` when there is none). Eight lanes so
+/// the loop vectorizes; NaN never wins a `>` comparison.
+fn max_ignoring_nan(row: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = row.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
+/// `log(sum(exp(x)))` over the non-NaN entries, given their maximum.
+/// Eight independent lanes so the loop vectorizes; `exp` is [`fast_exp`].
+fn log_sum_exp(row: &[f32], max: f32) -> f32 {
+    if max.is_infinite() {
+        return max;
+    }
+    let mut lanes = [0.0f32; 8];
+    let chunks = row.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (acc, &v) in lanes.iter_mut().zip(c) {
+            // NaN fails the comparison and contributes 0.
+            let e = fast_exp(v - max);
+            *acc += if v >= f32::NEG_INFINITY { e } else { 0.0 };
+        }
+    }
+    let mut sum: f64 = lanes.iter().map(|&x| f64::from(x)).sum();
+    for &v in tail.iter().filter(|v| !v.is_nan()) {
+        sum += f64::from(fast_exp(v - max));
+    }
+    max + sum.ln() as f32
+}
+
+/// `e^x` for `x <= 0` (larger inputs are clamped to 0), relative error
+/// below 5e-7 (a few ulp): Cody-Waite range reduction `x = n ln2 + r`, a degree-6
+/// polynomial for `e^r`, and `2^n` built in the exponent bits. Branch-free
+/// so it vectorizes; returns 0 below -87.
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.0, 0.0);
+    // Round to nearest without a libm call: adding 1.5 * 2^23 pushes the
+    // fraction out of the mantissa (|x log2 e| < 2^22 here).
+    const ROUND: f32 = 12_582_912.0;
+    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    p * scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_argmax_with_softmax_logprob() {
+        let s = Sampler.greedy(&[0.0, 2.0, 1.0]);
+        assert_eq!(s.token, 1);
+        // softmax(2) among {0,1,2}: e^2 / (1 + e + e^2) = 0.66524...
+        assert!((s.logprob - 0.665_240_9f32.ln()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn ties_go_to_lowest_id_and_nan_is_skipped() {
+        assert_eq!(Sampler.greedy(&[f32::NAN, 3.0, 3.0]).token, 1);
+        let s = Sampler.greedy(&[f32::NAN, f32::NAN]);
+        assert_eq!(s.token, 0);
+        assert!(s.logprob.is_nan());
+    }
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut x = -87.0f32;
+        while x <= 0.0 {
+            let (got, want) = (fast_exp(x), x.exp());
+            assert!(
+                ((got - want) / want).abs() < 5e-7,
+                "exp({x}) = {got}, want {want}"
+            );
+            x += 0.0137;
+        }
+        assert_eq!(fast_exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn logprob_of_a_long_row_matches_f64() {
+        let row: Vec<f32> = (0..49_157)
+            .map(|i| ((i * 7919) % 1000) as f32 / 97.0)
+            .collect();
+        let s = Sampler.greedy(&row);
+        let max = f64::from(row[s.token as usize]);
+        let lse = max
+            + row
+                .iter()
+                .map(|&v| (f64::from(v) - max).exp())
+                .sum::<f64>()
+                .ln();
+        assert!((f64::from(s.logprob) - (max - lse)).abs() < 1e-5, "{s:?}");
+    }
+
+    #[test]
+    fn certain_token_has_logprob_zero() {
+        let s = Sampler.greedy(&[f32::NEG_INFINITY, 5.0, f32::NEG_INFINITY]);
+        assert_eq!(s.token, 1);
+        assert!(s.logprob.abs() < 1e-6);
+    }
+}

@@ -1,0 +1,188 @@
+//! Sequences, sequence groups and request parameters.
+//!
+//! A request is a [`SequenceGroup`]: its `n` samples or beams. The group is
+//! the unit of admission, preemption and swapping (all or nothing); each
+//! [`Sequence`] in it is the unit the KV cache knows ([`SeqId`]).
+//!
+//! Invariant (vLLM v1's statement): every sequence has `num_computed_tokens
+//! <= tokens.len()`; a step schedules `tokens.len() - num_computed_tokens`
+//! tokens (or a chunk of them) and the KV cache holds exactly
+//! `num_computed_tokens` tokens of a resident sequence once the step's slots
+//! are appended. Prefill, chunked prefill, decode, prefix-cache hits and
+//! recomputation after preemption are all the same catch-up.
+
+use crate::kv::SeqId;
+use std::fmt;
+
+/// The caller's name for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "req-{}", self.0)
+    }
+}
+
+/// Why a sequence stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// EOS or a stop token.
+    Stop,
+    /// `max_tokens` or `max_model_len` reached.
+    Length,
+    /// Aborted by the caller, refused, or failed.
+    Abort,
+}
+
+/// Where a sequence is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqStatus {
+    /// Not resident: never admitted, or preempted by recompute.
+    Waiting,
+    /// Blocks in the accelerator pool.
+    Running,
+    /// Blocks in the CPU swap pool.
+    Swapped,
+    /// Done; its blocks are freed.
+    Finished(FinishReason),
+}
+
+/// Per-request generation parameters the scheduler and the greedy sampler
+/// need. The sampling issue extends this (temperature, top_p, n, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestParams {
+    /// Most generated tokens (`None`: up to `max_model_len`).
+    pub max_tokens: Option<usize>,
+    /// Keep generating after EOS.
+    pub ignore_eos: bool,
+    /// Extra token ids that stop the sequence (the token is kept in the output).
+    pub stop_token_ids: Vec<u32>,
+    /// Lower is served first (vLLM's convention); ties go FCFS.
+    pub priority: i32,
+}
+
+impl Default for RequestParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: Some(16),
+            ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            priority: 0,
+        }
+    }
+}
+
+/// One sequence: prompt followed by generated tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sequence {
+    pub id: SeqId,
+    /// Prompt then output tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose K/V is in the cache (or scheduled to be this step).
+    pub num_computed_tokens: usize,
+    /// Logprob of each generated token, in order.
+    pub output_logprobs: Vec<f32>,
+    pub status: SeqStatus,
+}
+
+impl Sequence {
+    pub fn new(id: SeqId, prompt: Vec<u32>) -> Self {
+        Self {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            num_computed_tokens: 0,
+            output_logprobs: Vec::new(),
+            status: SeqStatus::Waiting,
+        }
+    }
+
+    /// Generated tokens so far.
+    pub fn output_tokens(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    /// Tokens not yet computed (the next step's work).
+    pub fn num_uncomputed(&self) -> usize {
+        self.tokens.len() - self.num_computed_tokens
+    }
+
+    /// True once a reason to stop was recorded.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.status, SeqStatus::Finished(_))
+    }
+
+    /// True while the prompt (or the recomputed history) is being caught up.
+    pub fn in_prefill(&self) -> bool {
+        self.num_uncomputed() > 1 || self.num_computed_tokens < self.prompt_len
+    }
+}
+
+/// A request: its sequences, parameters and queue position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceGroup {
+    pub request_id: RequestId,
+    pub seqs: Vec<Sequence>,
+    pub params: RequestParams,
+    /// Monotone arrival stamp (FCFS order, and the victim order).
+    pub arrival: u64,
+    /// Tokens found in the prefix cache at the last admission.
+    pub num_cached_tokens: usize,
+}
+
+impl SequenceGroup {
+    /// Queue key: lower sorts first (served first, preempted last).
+    pub fn key(&self) -> QueueKey {
+        QueueKey {
+            priority: self.params.priority,
+            arrival: self.arrival,
+            id: self.request_id,
+        }
+    }
+
+    /// Sequences not yet finished.
+    pub fn unfinished(&self) -> impl Iterator<Item = &Sequence> {
+        self.seqs.iter().filter(|s| !s.is_finished())
+    }
+
+    /// Number of sequences not yet finished.
+    pub fn num_unfinished(&self) -> usize {
+        self.unfinished().count()
+    }
+
+    /// Ids of the unfinished sequences (the KV cache's view of the group).
+    pub fn unfinished_ids(&self) -> Vec<SeqId> {
+        self.unfinished().map(|s| s.id).collect()
+    }
+
+    /// Sets the status of every unfinished sequence.
+    pub fn set_status(&mut self, status: SeqStatus) {
+        for s in self.seqs.iter_mut().filter(|s| !s.is_finished()) {
+            s.status = status;
+        }
+    }
+
+    /// Whether every sequence has finished.
+    pub fn is_finished(&self) -> bool {
+        self.seqs.iter().all(Sequence::is_finished)
+    }
+
+    /// Upper bound on one sequence's total length under `max_model_len`.
+    pub fn max_total_tokens(&self, max_model_len: usize) -> usize {
+        let prompt = self.seqs.first().map_or(0, |s| s.prompt_len);
+        match self.params.max_tokens {
+            Some(m) => (prompt + m).min(max_model_len),
+            None => max_model_len,
+        }
+    }
+}
+
+/// Order of the waiting, running and swapped queues: priority, then arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QueueKey {
+    pub priority: i32,
+    pub arrival: u64,
+    pub id: RequestId,
+}
