@@ -1,0 +1,234 @@
+//! Startup: model loading, engine construction, the listener, signals, and
+//! the `generate` command.
+
+use crate::cli::{EngineArgs, GenerateArgs, PreemptionArg, ServeArgs};
+use crate::engine_backend::{EngineBackend, EngineOptions};
+use crate::http::{self, AppState};
+use anyhow::{bail, Context};
+use engine::scheduler::{PreemptionMode, SchedulerConfig};
+use model_loader::{ChatMessage, LoadedModel};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The model path from `--model` or the default; explains how to fetch
+/// the default model when it is missing.
+pub fn model_path(args: &EngineArgs) -> anyhow::Result<PathBuf> {
+    let path = args
+        .model
+        .clone()
+        .unwrap_or_else(model_loader::paths::default_model_path);
+    if !path.exists() {
+        if args.model.is_none() {
+            bail!(
+                "the default model is missing at {}; run `cargo xtask fetch-model` first, or pass --model",
+                path.display()
+            );
+        }
+        bail!("no model at {}", path.display());
+    }
+    Ok(path)
+}
+
+/// Engine options from the flags, for a model with `context_len` positions.
+pub fn engine_options(args: &EngineArgs, context_len: usize, max_waiting: usize) -> EngineOptions {
+    let max_model_len = args.max_model_len.unwrap_or(context_len.min(8192));
+    EngineOptions {
+        scheduler: SchedulerConfig {
+            max_num_seqs: args.max_num_seqs,
+            max_num_batched_tokens: args.max_num_batched_tokens,
+            max_model_len,
+            enable_chunked_prefill: args.enable_chunked_prefill,
+            preemption_mode: match args.preemption_mode {
+                PreemptionArg::Auto => PreemptionMode::Auto,
+                PreemptionArg::Swap => PreemptionMode::Swap,
+                PreemptionArg::Recompute => PreemptionMode::Recompute,
+            },
+        },
+        block_size: args.block_size,
+        num_gpu_blocks: args.num_gpu_blocks_override,
+        kv_cache_bytes: (args.kv_cache_memory.max(0.0) * GIB) as usize,
+        swap_bytes: (args.swap_space.max(0.0) * GIB) as usize,
+        enable_prefix_caching: args.enable_prefix_caching,
+        max_waiting,
+    }
+}
+
+fn set_threads(threads: Option<usize>) {
+    if let Some(n) = threads {
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+        {
+            tracing::warn!(error = %e, "could not size the worker pool");
+        }
+    }
+}
+
+/// Loads the model and builds the application state.
+pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
+    set_threads(args.engine.threads);
+    let path = model_path(&args.engine)?;
+    tracing::info!(model = %path.display(), "loading model");
+    let LoadedModel {
+        config,
+        weights,
+        tokenizer,
+        chat_template,
+        ..
+    } = model_loader::load_model(&path).with_context(|| format!("loading {}", path.display()))?;
+    let opts = engine_options(
+        &args.engine,
+        config.max_position_embeddings,
+        args.max_waiting_requests,
+    );
+    let eos = tokenizer.eos_token_ids().to_vec();
+    let backend = EngineBackend::start(config, weights, eos, &opts)
+        .map_err(|e| anyhow::anyhow!("cannot start the engine: {e}"))?;
+    let limits = crate::backend::Backend::limits(&backend);
+    tracing::info!(
+        blocks = limits.num_gpu_blocks,
+        tokens = limits.num_gpu_blocks * limits.block_size,
+        block_size = limits.block_size,
+        max_model_len = limits.max_model_len,
+        "KV cache: {} blocks = {} tokens",
+        limits.num_gpu_blocks,
+        limits.num_gpu_blocks * limits.block_size
+    );
+    let name = args.served_model_name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned())
+    });
+    let mut state = AppState::new(
+        Arc::new(backend),
+        Arc::new(tokenizer),
+        chat_template,
+        name,
+        args.api_key.clone(),
+    );
+    state.max_body_bytes = args.max_body_bytes;
+    Ok(state)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown signal received");
+}
+
+/// `server serve`: runs until SIGINT/SIGTERM.
+pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+    let state = Arc::new(build_state(&args)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        tracing::info!(
+            "serving {} at http://{}/v1",
+            state.served_model_name,
+            listener.local_addr()?
+        );
+        http::serve(
+            listener,
+            Arc::clone(&state),
+            shutdown_signal(),
+            Duration::from_secs(10),
+        )
+        .await?;
+        anyhow::Ok(())
+    })?;
+    let backend = Arc::clone(&state.backend);
+    backend.shutdown();
+    tracing::info!("engine stopped");
+    Ok(())
+}
+
+/// `server generate`: a quick greedy completion printed to stdout, through
+/// the same engine the server uses.
+pub fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
+    set_threads(args.engine.threads);
+    let path = model_path(&args.engine)?;
+    let LoadedModel {
+        config,
+        weights,
+        tokenizer,
+        chat_template,
+        ..
+    } = model_loader::load_model(&path)?;
+    let text = if args.chat {
+        let t = chat_template.context("this model has no chat template")?;
+        t.render(&[ChatMessage::new("user", args.prompt.clone())], true)?
+    } else {
+        args.prompt.clone()
+    };
+    let prompt = tokenizer.encode(&text, !args.chat)?;
+    let opts = engine_options(&args.engine, config.max_position_embeddings, 16);
+    let eos = tokenizer.eos_token_ids().to_vec();
+    let backend = EngineBackend::start(config, weights, eos, &opts)
+        .map_err(|e| anyhow::anyhow!("cannot start the engine: {e}"))?;
+    let out = generate_text(&backend, &tokenizer, prompt, args.max_tokens)?;
+    println!("{out}");
+    crate::backend::Backend::shutdown(&backend);
+    Ok(())
+}
+
+/// Greedy generation of up to `max_tokens` tokens after `prompt`; returns
+/// the generated text (complete UTF-8, special tokens left out).
+pub fn generate_text(
+    backend: &dyn crate::backend::Backend,
+    tokenizer: &model_loader::Tokenizer,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> anyhow::Result<String> {
+    use futures_util::StreamExt;
+    let params = crate::backend::SamplingParams {
+        max_tokens,
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let mut stream = backend
+        .submit(crate::backend::EngineRequest {
+            prompt_token_ids: prompt,
+            params,
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let mut detok = crate::detok::IncrementalDetokenizer::new();
+    let mut text = String::new();
+    rt.block_on(async {
+        while let Some(step) = stream.next().await {
+            let step = step.map_err(|e| anyhow::anyhow!("{e}"))?;
+            for t in step.seqs.iter().flat_map(|s| &s.tokens) {
+                text.push_str(&detok.push(tokenizer, t.token_id));
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    text.push_str(&detok.flush());
+    Ok(text)
+}

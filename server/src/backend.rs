@@ -1,0 +1,192 @@
+//! The seam between the HTTP layer and the engine: a small [`Backend`] trait
+//! with the types the handlers need, and nothing of HTTP in it.
+//!
+//! The real implementation is [`crate::engine_backend::EngineBackend`], a thin
+//! adapter over `engine::EngineHandle`. Handlers only ever see this trait.
+//!
+//! Invariants:
+//! - a request reaching [`Backend::submit`] is already validated (non-empty
+//!   prompt, `prompt + max_tokens <= max_model_len`, parameters in range);
+//! - dropping an [`OutputStream`] before its last item aborts the request in
+//!   the engine and frees its blocks;
+//! - every sequence index `0..n` ends with exactly one delta carrying a
+//!   `finish_reason`, then the stream ends.
+
+use futures_util::stream::BoxStream;
+use std::fmt;
+
+/// Generation parameters, typed and validated at the HTTP edge.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Number of returned sequences.
+    pub n: usize,
+    /// Sequences generated to pick the best `n` from (`>= n`).
+    pub best_of: usize,
+    /// Most generated tokens per sequence.
+    pub max_tokens: usize,
+    /// Fewest generated tokens before EOS / stop tokens may end a sequence.
+    pub min_tokens: usize,
+    pub temperature: f32,
+    pub top_p: f32,
+    /// `None`: no top-k cut.
+    pub top_k: Option<usize>,
+    pub min_p: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub repetition_penalty: f32,
+    pub seed: Option<u64>,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<u32>,
+    /// Top logprobs per generated token wanted (`None`: no logprobs).
+    pub logprobs: Option<usize>,
+    pub use_beam_search: bool,
+    pub length_penalty: f32,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            n: 1,
+            best_of: 1,
+            max_tokens: 16,
+            min_tokens: 0,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+            ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            logprobs: None,
+            use_beam_search: false,
+            length_penalty: 1.0,
+        }
+    }
+}
+
+/// One request for the engine: token ids plus parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineRequest {
+    pub prompt_token_ids: Vec<u32>,
+    pub params: SamplingParams,
+}
+
+/// Why a sequence ended, as the engine sees it (stop strings are the
+/// server's business and map to [`FinishReason::Stop`] there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS or a stop token id.
+    Stop,
+    /// `max_tokens` or `max_model_len`.
+    Length,
+    /// Aborted or failed in the engine.
+    Abort,
+}
+
+impl FinishReason {
+    /// OpenAI's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// One generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenOut {
+    pub token_id: u32,
+    pub logprob: f32,
+    /// The most likely alternatives `(token, logprob)`, best first; may be
+    /// shorter than asked when the engine does not report them.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// New tokens of sequence `index` since its previous delta.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqDelta {
+    pub index: usize,
+    pub tokens: Vec<TokenOut>,
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// One item of a request's stream.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StepOutput {
+    pub seqs: Vec<SeqDelta>,
+    /// Prompt tokens served from the prefix cache.
+    pub num_cached_tokens: usize,
+}
+
+/// A failure reported by the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendError {
+    /// Too many requests are waiting.
+    Overloaded(String),
+    /// The engine is shutting down.
+    ShutDown,
+    /// The engine refused the request's content.
+    InvalidRequest(String),
+    /// Anything else (executor failure, ...).
+    Internal(String),
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::Overloaded(m) | BackendError::InvalidRequest(m) => f.write_str(m),
+            BackendError::ShutDown => f.write_str("the engine is shutting down"),
+            BackendError::Internal(m) => write!(f, "engine failure: {m}"),
+        }
+    }
+}
+
+/// A request's outputs. Dropping it aborts the request.
+pub type OutputStream = BoxStream<'static, Result<StepOutput, BackendError>>;
+
+/// Counters for `/metrics`, as of the engine's last step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BackendStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    pub num_swapped: usize,
+    pub kv_total_blocks: usize,
+    pub kv_free_blocks: usize,
+    pub cpu_total_blocks: usize,
+    pub cpu_free_blocks: usize,
+    /// Fraction of accelerator blocks in use (0..=1).
+    pub kv_usage: f64,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub preemptions_swap: u64,
+    pub preemptions_recompute: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+}
+
+/// Static facts about the engine the HTTP layer validates against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendLimits {
+    /// Most tokens (prompt + output) of one sequence.
+    pub max_model_len: usize,
+    pub block_size: usize,
+    pub num_gpu_blocks: usize,
+}
+
+/// What the HTTP layer needs from an engine.
+pub trait Backend: Send + Sync + 'static {
+    /// Queues a validated request.
+    fn submit(&self, req: EngineRequest) -> Result<OutputStream, BackendError>;
+    /// Counters for `/metrics`.
+    fn stats(&self) -> BackendStats;
+    /// Limits for validation.
+    fn limits(&self) -> BackendLimits;
+    /// Stops accepting work and aborts or drains what is in flight.
+    /// Blocking; called once at shutdown.
+    fn shutdown(&self);
+}

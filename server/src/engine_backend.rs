@@ -1,0 +1,218 @@
+//! The adapter from the real engine (`engine::EngineHandle`) to the server's
+//! [`Backend`] trait, and the construction of the engine from a loaded model.
+//!
+//! The engine's `RequestParams` covers greedy decoding (max_tokens,
+//! ignore_eos, stop_token_ids). Until it grows `n`, a request with `n > 1`
+//! is fanned out here into `n` engine requests whose streams are merged
+//! (sequence index = sub-request number). Parameters the engine does not
+//! take yet (temperature, top_p, seed, penalties, ...) are validated at the
+//! edge and not forwarded.
+//!
+//! Invariant: dropping the returned stream drops every `RequestStream`,
+//! which aborts the requests in the engine and frees their blocks.
+
+use crate::backend::{
+    Backend, BackendError, BackendLimits, BackendStats, EngineRequest, FinishReason, OutputStream,
+    SamplingParams, SeqDelta, StepOutput, TokenOut,
+};
+use engine::engine_loop::{EngineStats, HandleConfig, ShutdownMode};
+use engine::executor::CpuExecutor;
+use engine::kv::{PagedKvCacheManager, PagedKvConfig};
+use engine::model::LlamaModel;
+use engine::scheduler::{self, RequestParams, SchedulerConfig};
+use engine::{EngineConfig, EngineError, EngineHandle, LlmEngine, RequestOutput, RequestStream};
+use futures_util::StreamExt;
+
+/// How to size and configure the engine (from the CLI).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineOptions {
+    pub scheduler: SchedulerConfig,
+    pub block_size: usize,
+    /// Accelerator pool size in blocks; `None`: from `kv_cache_bytes`.
+    pub num_gpu_blocks: Option<usize>,
+    pub kv_cache_bytes: usize,
+    pub swap_bytes: usize,
+    pub enable_prefix_caching: bool,
+    pub max_waiting: usize,
+}
+
+/// [`Backend`] over the real engine.
+pub struct EngineBackend {
+    handle: EngineHandle,
+    limits: BackendLimits,
+}
+
+impl EngineBackend {
+    /// Builds the CPU engine from a loaded model and starts its thread.
+    pub fn start(
+        config: model_loader::ModelConfig,
+        weights: model_loader::ModelWeights,
+        eos_token_ids: Vec<u32>,
+        opts: &EngineOptions,
+    ) -> Result<Self, BackendError> {
+        let internal = |e: &dyn std::fmt::Display| BackendError::Internal(e.to_string());
+        let model = LlamaModel::new(config, weights).map_err(|e| internal(&e))?;
+        let per_block = CpuExecutor::bytes_per_block(&model, opts.block_size).max(1);
+        let gpu_blocks = opts
+            .num_gpu_blocks
+            .unwrap_or(opts.kv_cache_bytes / per_block);
+        let cpu_blocks = opts.swap_bytes / per_block;
+        let executor = CpuExecutor::new(model, gpu_blocks, cpu_blocks, opts.block_size)
+            .map_err(|e| internal(&e))?;
+        let mut kv_cfg = PagedKvConfig::new(opts.block_size, gpu_blocks, cpu_blocks);
+        kv_cfg.enable_prefix_caching = opts.enable_prefix_caching;
+        let kv = PagedKvCacheManager::new(kv_cfg).map_err(|e| internal(&e))?;
+        let engine = LlmEngine::new(
+            EngineConfig {
+                scheduler: opts.scheduler.clone(),
+                eos_token_ids,
+            },
+            Box::new(kv),
+            Box::new(executor),
+        )
+        .map_err(map_err)?;
+        let handle = EngineHandle::spawn(
+            engine,
+            HandleConfig {
+                max_waiting: opts.max_waiting,
+            },
+        )
+        .map_err(map_err)?;
+        Ok(Self {
+            handle,
+            limits: BackendLimits {
+                max_model_len: opts.scheduler.max_model_len,
+                block_size: opts.block_size,
+                num_gpu_blocks: gpu_blocks,
+            },
+        })
+    }
+}
+
+fn map_err(e: EngineError) -> BackendError {
+    match e {
+        EngineError::Overloaded { .. } => BackendError::Overloaded(e.to_string()),
+        EngineError::ShutDown => BackendError::ShutDown,
+        EngineError::EmptyPrompt
+        | EngineError::PromptTooLong { .. }
+        | EngineError::NeverFits { .. }
+        | EngineError::InvalidParams(_) => BackendError::InvalidRequest(e.to_string()),
+        other => BackendError::Internal(other.to_string()),
+    }
+}
+
+fn map_reason(r: scheduler::FinishReason) -> FinishReason {
+    match r {
+        scheduler::FinishReason::Stop => FinishReason::Stop,
+        scheduler::FinishReason::Length => FinishReason::Length,
+        scheduler::FinishReason::Abort => FinishReason::Abort,
+    }
+}
+
+/// One engine output as a server step; sequence `0` becomes `index`.
+fn convert(out: RequestOutput, index: usize) -> StepOutput {
+    let seqs = out
+        .seqs
+        .into_iter()
+        .map(|s| SeqDelta {
+            index: index + s.index,
+            tokens: s
+                .new_token_ids
+                .iter()
+                .zip(&s.new_logprobs)
+                .map(|(&token_id, &logprob)| TokenOut {
+                    token_id,
+                    logprob,
+                    top_logprobs: Vec::new(),
+                })
+                .collect(),
+            finish_reason: s.finish_reason.map(map_reason),
+        })
+        .collect();
+    let mut step = StepOutput {
+        seqs,
+        num_cached_tokens: out.num_cached_tokens,
+    };
+    if out.finished && step.seqs.is_empty() {
+        // An abort notice: close sequence `index`.
+        step.seqs.push(SeqDelta {
+            index,
+            tokens: Vec::new(),
+            finish_reason: Some(FinishReason::Abort),
+        });
+    }
+    step
+}
+
+/// The request's outputs until (and including) the finished one.
+fn output_stream(rs: RequestStream, index: usize) -> OutputStream {
+    futures_util::stream::unfold(Some(rs), move |state| async move {
+        let mut rs = state?;
+        match rs.recv().await? {
+            Ok(out) => {
+                let finished = out.finished;
+                let step = convert(out, index);
+                Some((Ok(step), (!finished).then_some(rs)))
+            }
+            Err(e) => Some((Err(map_err(e)), None)),
+        }
+    })
+    .boxed()
+}
+
+fn engine_params(p: &SamplingParams) -> RequestParams {
+    RequestParams {
+        max_tokens: Some(p.max_tokens),
+        ignore_eos: p.ignore_eos,
+        stop_token_ids: p.stop_token_ids.clone(),
+        ..RequestParams::default()
+    }
+}
+
+impl Backend for EngineBackend {
+    fn submit(&self, req: EngineRequest) -> Result<OutputStream, BackendError> {
+        let params = engine_params(&req.params);
+        let mut streams = Vec::with_capacity(req.params.n);
+        for j in 0..req.params.n.max(1) {
+            let rs = self
+                .handle
+                .add_request(req.prompt_token_ids.clone(), params.clone())
+                .map_err(map_err)?;
+            streams.push(output_stream(rs, j));
+        }
+        if streams.len() == 1 {
+            return streams
+                .pop()
+                .ok_or(BackendError::Internal("no stream".into()));
+        }
+        Ok(futures_util::stream::select_all(streams).boxed())
+    }
+
+    fn stats(&self) -> BackendStats {
+        let EngineStats { scheduler: s, kv } = self.handle.stats();
+        BackendStats {
+            num_running: s.num_running,
+            num_waiting: s.num_waiting,
+            num_swapped: s.num_swapped,
+            kv_total_blocks: kv.total_blocks,
+            kv_free_blocks: kv.free_blocks,
+            cpu_total_blocks: kv.cpu_total_blocks,
+            cpu_free_blocks: kv.cpu_free_blocks,
+            kv_usage: f64::from(kv.usage),
+            prefix_cache_queries: kv.prefix_cache_queries,
+            prefix_cache_hits: kv.prefix_cache_hits,
+            preemptions_swap: s.preemptions_swap,
+            preemptions_recompute: s.preemptions_recompute,
+            prompt_tokens: s.prompt_tokens,
+            generation_tokens: s.generation_tokens,
+        }
+    }
+
+    fn limits(&self) -> BackendLimits {
+        self.limits
+    }
+
+    fn shutdown(&self) {
+        self.handle.shutdown(ShutdownMode::Abort);
+    }
+}

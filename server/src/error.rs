@@ -1,0 +1,211 @@
+//! The server's one error type, and the one place it becomes HTTP: status
+//! code plus OpenAI's body `{"error": {"message", "type", "param", "code"}}`.
+//!
+//! Invariant: every handler failure is an [`ApiError`]; [`ApiError::status`]
+//! and [`ApiError::to_body`] are the only mapping to HTTP.
+
+use crate::backend::BackendError;
+use hyper::StatusCode;
+use serde::Serialize;
+use thiserror::Error;
+
+/// Everything a request can fail with.
+#[derive(Debug, Clone, Error, PartialEq)]
+pub enum ApiError {
+    /// The body is not JSON, or not the expected shape.
+    #[error("{0}")]
+    BadJson(String),
+    /// A field has a value of the wrong type (serde's "invalid type").
+    #[error("{message}")]
+    WrongType { message: String },
+    /// A value is out of range or inconsistent with another one.
+    #[error("{message}")]
+    InvalidValue {
+        message: String,
+        param: Option<String>,
+    },
+    /// The prompt (plus max_tokens) does not fit the model's context.
+    #[error("{0}")]
+    ContextTooLong(String),
+    /// The `model` field names no served model.
+    #[error("The model `{0}` does not exist.")]
+    ModelNotFound(String),
+    /// The path is unknown.
+    #[error("Not found: {0}")]
+    NotFound(String),
+    /// The path exists with other methods.
+    #[error("Method {method} not allowed for {path}")]
+    MethodNotAllowed { method: String, path: String },
+    /// The body is larger than the limit.
+    #[error("Request body exceeds the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    /// The body's content type is not JSON.
+    #[error("Content-Type must be application/json")]
+    UnsupportedMediaType,
+    /// `--api-key` is set and the request has no or a wrong bearer token.
+    #[error("Invalid or missing API key (send `Authorization: Bearer <key>`)")]
+    Unauthorized,
+    /// Too many requests are waiting.
+    #[error("{0}")]
+    Overloaded(String),
+    /// The server is shutting down.
+    #[error("The server is shutting down")]
+    ShuttingDown,
+    /// Anything else.
+    #[error("Internal server error: {0}")]
+    Internal(String),
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    message: String,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<u16>,
+}
+
+impl ApiError {
+    /// A 400 for a bad value of `param`.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        ApiError::InvalidValue {
+            message: message.into(),
+            param: Some(param.to_string()),
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadJson(_) | ApiError::InvalidValue { .. } | ApiError::ContextTooLong(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            ApiError::WrongType { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's error `type`.
+    fn kind(&self) -> &'static str {
+        match self {
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => "NotFoundError",
+            ApiError::Unauthorized => "AuthenticationError",
+            ApiError::Overloaded(_) => "RateLimitError",
+            ApiError::ShuttingDown => "ServiceUnavailableError",
+            ApiError::Internal(_) => "InternalServerError",
+            ApiError::PayloadTooLarge { .. } => "RequestTooLargeError",
+            ApiError::MethodNotAllowed { .. } => "MethodNotAllowedError",
+            _ => "BadRequestError",
+        }
+    }
+
+    fn param(&self) -> Option<&str> {
+        match self {
+            ApiError::InvalidValue { param, .. } => param.as_deref(),
+            ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::ContextTooLong(_) => Some("messages_or_prompt"),
+            _ => None,
+        }
+    }
+
+    /// The JSON body.
+    pub fn to_body(&self) -> String {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                message: self.to_string(),
+                kind: self.kind(),
+                param: self.param(),
+                code: Some(self.status().as_u16()),
+            },
+        };
+        serde_json::to_string(&body).unwrap_or_else(|_| {
+            r#"{"error":{"message":"error","type":"InternalServerError","param":null,"code":500}}"#
+                .to_string()
+        })
+    }
+
+    /// Maps a serde_json failure: syntax/EOF -> 400, wrong type -> 422,
+    /// missing/unknown field or bad value -> 400.
+    pub fn from_json(e: &serde_json::Error) -> Self {
+        use serde_json::error::Category;
+        let msg = e.to_string();
+        match e.classify() {
+            Category::Data if msg.starts_with("invalid type") => ApiError::WrongType {
+                message: format!("Invalid request body: {msg}"),
+            },
+            Category::Data => ApiError::InvalidValue {
+                message: format!("Invalid request body: {msg}"),
+                param: None,
+            },
+            _ => ApiError::BadJson(format!("Malformed JSON body: {msg}")),
+        }
+    }
+}
+
+impl From<BackendError> for ApiError {
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::Overloaded(m) => ApiError::Overloaded(m),
+            BackendError::ShutDown => ApiError::ShuttingDown,
+            BackendError::InvalidRequest(m) => ApiError::InvalidValue {
+                message: m,
+                param: None,
+            },
+            BackendError::Internal(m) => ApiError::Internal(m),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_shape() {
+        let e = ApiError::invalid("temperature", "temperature must be in [0, 2]");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let v: serde_json::Value = serde_json::from_str(&e.to_body()).expect("json");
+        assert_eq!(v["error"]["message"], "temperature must be in [0, 2]");
+        assert_eq!(v["error"]["type"], "BadRequestError");
+        assert_eq!(v["error"]["param"], "temperature");
+        assert_eq!(v["error"]["code"], 400);
+    }
+
+    #[test]
+    fn json_errors_are_classified() {
+        let syntax = serde_json::from_str::<serde_json::Value>("{").expect_err("bad");
+        assert_eq!(
+            ApiError::from_json(&syntax).status(),
+            StatusCode::BAD_REQUEST
+        );
+        let wrong = serde_json::from_str::<u32>("\"x\"").expect_err("bad");
+        assert_eq!(
+            ApiError::from_json(&wrong).status(),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+    }
+
+    #[test]
+    fn backend_errors_map() {
+        assert_eq!(
+            ApiError::from(BackendError::Overloaded("busy".into())).status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            ApiError::from(BackendError::ShutDown).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+}

@@ -1,0 +1,370 @@
+//! HTTP: hyper 1 connections on a tokio listener, routing, auth, body
+//! limits, and the endpoint handlers. Every failure goes through
+//! [`error_response`], the one place an [`ApiError`] becomes a response.
+//!
+//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`,
+//! `GET /v1/models`, `GET /health`, `GET /metrics`. A known path with the
+//! wrong method is 405 (with `Allow`), an unknown path 404.
+//!
+//! Invariants: the body is read at most `max_body_bytes` (413 beyond);
+//! with an API key set, every route but `/health` checks it before reading
+//! the body; a streaming response's generation lives in a task that ends
+//! (dropping, hence aborting, its engine streams) as soon as the client is
+//! gone.
+
+use crate::backend::Backend;
+use crate::error::ApiError;
+use crate::generate::Generation;
+use crate::metrics::Metrics;
+use crate::protocol::{ChatRequest, CompletionRequest};
+use crate::response::{self, ResponseMeta};
+use crate::validate::{self, GenerateRequest, ValidationContext};
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use model_loader::{ChatTemplate, Tokenizer};
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Response body type.
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// Default body limit: 4 MiB, ample for long prompts and batches.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+
+/// Everything the handlers share.
+pub struct AppState {
+    pub backend: Arc<dyn Backend>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Option<ChatTemplate>,
+    pub served_model_name: String,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    pub metrics: Arc<Metrics>,
+    pub started: u64,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        tokenizer: Arc<Tokenizer>,
+        chat_template: Option<ChatTemplate>,
+        served_model_name: String,
+        api_key: Option<String>,
+    ) -> Self {
+        Self {
+            backend,
+            tokenizer,
+            chat_template,
+            served_model_name,
+            api_key,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            metrics: Arc::new(Metrics::default()),
+            started: Generation::created_secs(),
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    fn validation(&self) -> ValidationContext<'_> {
+        ValidationContext {
+            served_model_name: &self.served_model_name,
+            tokenizer: &self.tokenizer,
+            chat_template: self.chat_template.as_ref(),
+            limits: self.backend.limits(),
+        }
+    }
+}
+
+fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()).boxed_unsync());
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn json_response(v: &serde_json::Value) -> Response<Body> {
+    full(StatusCode::OK, "application/json", v.to_string())
+}
+
+/// The one mapping of [`ApiError`] to a response.
+pub fn error_response(e: &ApiError) -> Response<Body> {
+    let mut r = full(e.status(), "application/json", e.to_body());
+    if let ApiError::MethodNotAllowed { path, .. } = e {
+        let allow = if path.starts_with("/v1/") && path != "/v1/models" {
+            "POST"
+        } else {
+            "GET"
+        };
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static(allow));
+    }
+    r
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Completions,
+    Chat,
+    Models,
+    Health,
+    Metrics,
+}
+
+fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
+    let (want, r) = match path {
+        "/v1/completions" => (Method::POST, Route::Completions),
+        "/v1/chat/completions" => (Method::POST, Route::Chat),
+        "/v1/models" => (Method::GET, Route::Models),
+        "/health" => (Method::GET, Route::Health),
+        "/metrics" => (Method::GET, Route::Metrics),
+        _ => return Err(ApiError::NotFound(path.to_string())),
+    };
+    if *method == want || (*method == Method::HEAD && want == Method::GET) {
+        Ok(r)
+    } else {
+        Err(ApiError::MethodNotAllowed {
+            method: method.to_string(),
+            path: path.to_string(),
+        })
+    }
+}
+
+fn check_auth(state: &AppState, req: &Request<Incoming>) -> Result<(), ApiError> {
+    let Some(key) = &state.api_key else {
+        return Ok(());
+    };
+    let given = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given.map(str::trim) == Some(key.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+async fn read_body(state: &AppState, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    let limit = state.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    if let Some(ct) = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    {
+        if !ct.to_ascii_lowercase().starts_with("application/json") {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::PayloadTooLarge { limit })
+        }
+        Err(e) => Err(ApiError::BadJson(format!("cannot read the body: {e}"))),
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::BadJson("The request body is empty".into()));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::from_json(&e))
+}
+
+/// Serves one request; never fails (errors become responses).
+pub async fn handle(
+    state: Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    Ok(match dispatch(&state, req).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.status().is_server_error() {
+                tracing::error!(error = %e, "request failed");
+            } else {
+                tracing::debug!(error = %e, "request refused");
+            }
+            error_response(&e)
+        }
+    })
+}
+
+async fn dispatch(
+    state: &Arc<AppState>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let r = route(req.method(), req.uri().path())?;
+    if r != Route::Health {
+        check_auth(state, &req)?;
+    }
+    match r {
+        Route::Health => Ok(full(StatusCode::OK, "text/plain", "")),
+        Route::Models => Ok(json_response(&response::models(
+            &state.served_model_name,
+            state.started,
+            state.backend.limits().max_model_len,
+        ))),
+        Route::Metrics => Ok(full(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            state
+                .metrics
+                .render(&state.backend.stats(), &state.served_model_name),
+        )),
+        Route::Completions => {
+            let body = read_body(state, req).await?;
+            let wire: CompletionRequest = parse(&body)?;
+            let typed = validate::completion(&state.validation(), &wire)?;
+            generate(state, typed, "cmpl").await
+        }
+        Route::Chat => {
+            let body = read_body(state, req).await?;
+            let wire: ChatRequest = parse(&body)?;
+            let typed = validate::chat(&state.validation(), &wire)?;
+            generate(state, typed, "chatcmpl").await
+        }
+    }
+}
+
+async fn generate(
+    state: &Arc<AppState>,
+    req: GenerateRequest,
+    prefix: &str,
+) -> Result<Response<Body>, ApiError> {
+    let meta = ResponseMeta {
+        id: format!("{prefix}-{}", state.next_id.fetch_add(1, Ordering::Relaxed)),
+        created: Generation::created_secs(),
+        model: req.model.clone(),
+        endpoint: req.endpoint,
+    };
+    let stream = req.stream;
+    let mut g = Generation::start(
+        state.backend.as_ref(),
+        req,
+        Arc::clone(&state.tokenizer),
+        Arc::clone(&state.metrics),
+    )?;
+    if !stream {
+        g.run_to_end().await?;
+        return Ok(json_response(&response::full_response(&meta, &g)));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    tokio::spawn(stream_task(meta, g, tx));
+    let body = StreamBody::new(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+    }));
+    let mut r = Response::new(body.boxed_unsync());
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert("cache-control", HeaderValue::from_static("no-cache"));
+    Ok(r)
+}
+
+/// Produces the SSE events of one request. Returns (dropping the
+/// generation, hence aborting its engine requests) when the client is gone.
+async fn stream_task(meta: ResponseMeta, mut g: Generation, tx: tokio::sync::mpsc::Sender<Bytes>) {
+    for i in 0..g.choices.len() {
+        if let Some(c) = response::opening_chunk(&meta, &g, i) {
+            if tx.send(response::sse(&c)).await.is_err() {
+                return;
+            }
+        }
+    }
+    let mut offsets = vec![0usize; g.choices.len()];
+    loop {
+        let item = tokio::select! {
+            item = g.next() => item,
+            _ = tx.closed() => return,
+        };
+        match item {
+            None => break,
+            Some(Ok(deltas)) => {
+                for d in deltas {
+                    let c = response::delta_chunk(&meta, &g, &d, offsets[d.index]);
+                    offsets[d.index] += d.text.len();
+                    if tx.send(response::sse(&c)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Some(Err(e)) => {
+                let _ = tx.send(response::sse_error(&e.to_body())).await;
+                break;
+            }
+        }
+    }
+    if g.req.include_usage {
+        let _ = tx
+            .send(response::sse(&response::usage_chunk(&meta, &g)))
+            .await;
+    }
+    let _ = tx.send(Bytes::from_static(response::SSE_DONE)).await;
+}
+
+/// Accepts connections until `shutdown` resolves, then waits (at most
+/// `grace`) for open connections to finish.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // Slow or idle clients cannot hold a connection open without headers.
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let st = Arc::clone(&state);
+                let svc = hyper::service::service_fn(move |req| handle(Arc::clone(&st), req));
+                let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => tracing::info!("all connections closed"),
+        () = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing open connections"),
+    }
+    Ok(())
+}

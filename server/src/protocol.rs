@@ -1,0 +1,290 @@
+//! OpenAI request bodies as serde sees them (wire types, not yet validated).
+//! [`crate::validate`] turns them into typed requests exactly once.
+//!
+//! Unknown fields: the top-level request objects use
+//! `#[serde(deny_unknown_fields)]`, because OpenAI answers 400
+//! "Unrecognized request argument supplied" for them; nested objects that
+//! OpenAI extends often (chat messages, content parts, `stream_options`)
+//! tolerate unknown fields. Numbers are read as `i64`/`f64` so that negative
+//! or fractional values reach validation and get a 400 with the parameter
+//! name, while a value of the wrong JSON type (a string for `max_tokens`) is
+//! a 422 from serde.
+
+use serde::Deserialize;
+use std::collections::HashMap;
+
+/// `prompt`: a string, strings, token ids, or lists of token ids.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenBatch(Vec<Vec<i64>>),
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+    #[serde(default)]
+    pub continuous_usage_stats: Option<bool>,
+}
+
+/// Fields shared by both endpoints (flattening does not mix with
+/// `deny_unknown_fields`, so each request lists them; this is what
+/// validation reads).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CommonParams {
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<i64>,
+    pub best_of: Option<i64>,
+    pub stop: Option<StopInput>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<i64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub stop_token_ids: Option<Vec<i64>>,
+    pub return_token_ids: Option<bool>,
+    pub use_beam_search: Option<bool>,
+    pub length_penalty: Option<f64>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub prompt: PromptInput,
+    #[serde(default)]
+    pub suffix: Option<String>,
+    #[serde(default)]
+    pub echo: Option<bool>,
+    #[serde(default)]
+    pub logprobs: Option<i64>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    #[serde(default)]
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub best_of: Option<i64>,
+    #[serde(default)]
+    pub stop: Option<StopInput>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    #[serde(default)]
+    pub logit_bias: Option<HashMap<String, f64>>,
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+    #[serde(default)]
+    pub min_tokens: Option<i64>,
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    #[serde(default)]
+    pub min_p: Option<f64>,
+    #[serde(default)]
+    pub repetition_penalty: Option<f64>,
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<i64>>,
+    #[serde(default)]
+    pub return_token_ids: Option<bool>,
+    #[serde(default)]
+    pub use_beam_search: Option<bool>,
+    #[serde(default)]
+    pub length_penalty: Option<f64>,
+}
+
+/// A chat message's `content`: a string or a list of parts.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One content part; only `{"type": "text", "text": ...}` is served.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// One chat message (unknown fields such as `tool_calls` are tolerated).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ChatMessageIn {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessageIn>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<i64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    #[serde(default)]
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub best_of: Option<i64>,
+    #[serde(default)]
+    pub stop: Option<StopInput>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    #[serde(default)]
+    pub logit_bias: Option<HashMap<String, f64>>,
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+    #[serde(default)]
+    pub min_tokens: Option<i64>,
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    #[serde(default)]
+    pub min_p: Option<f64>,
+    #[serde(default)]
+    pub repetition_penalty: Option<f64>,
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<i64>>,
+    #[serde(default)]
+    pub return_token_ids: Option<bool>,
+    #[serde(default)]
+    pub use_beam_search: Option<bool>,
+    #[serde(default)]
+    pub length_penalty: Option<f64>,
+}
+
+macro_rules! common_of {
+    ($r:expr, $max_tokens:expr) => {
+        CommonParams {
+            max_tokens: $max_tokens,
+            temperature: $r.temperature,
+            top_p: $r.top_p,
+            n: $r.n,
+            best_of: $r.best_of,
+            stop: $r.stop.clone(),
+            stream: $r.stream,
+            stream_options: $r.stream_options.clone(),
+            seed: $r.seed,
+            presence_penalty: $r.presence_penalty,
+            frequency_penalty: $r.frequency_penalty,
+            logit_bias: $r.logit_bias.clone(),
+            ignore_eos: $r.ignore_eos,
+            min_tokens: $r.min_tokens,
+            top_k: $r.top_k,
+            min_p: $r.min_p,
+            repetition_penalty: $r.repetition_penalty,
+            stop_token_ids: $r.stop_token_ids.clone(),
+            return_token_ids: $r.return_token_ids,
+            use_beam_search: $r.use_beam_search,
+            length_penalty: $r.length_penalty,
+        }
+    };
+}
+
+impl CompletionRequest {
+    /// The shared parameters.
+    pub fn common(&self) -> CommonParams {
+        common_of!(self, self.max_tokens)
+    }
+}
+
+impl ChatRequest {
+    /// The shared parameters (`max_completion_tokens` wins over the
+    /// deprecated `max_tokens`).
+    pub fn common(&self) -> CommonParams {
+        common_of!(self, self.max_completion_tokens.or(self.max_tokens))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_shapes_parse() {
+        let p = |s: &str| serde_json::from_str::<PromptInput>(s).expect("parses");
+        assert_eq!(p("\"hi\""), PromptInput::Text("hi".into()));
+        assert_eq!(
+            p("[\"a\",\"b\"]"),
+            PromptInput::Texts(vec!["a".into(), "b".into()])
+        );
+        assert_eq!(p("[1,2]"), PromptInput::Tokens(vec![1, 2]));
+        assert_eq!(
+            p("[[1],[2,3]]"),
+            PromptInput::TokenBatch(vec![vec![1], vec![2, 3]])
+        );
+        assert!(serde_json::from_str::<PromptInput>("{}").is_err());
+    }
+
+    #[test]
+    fn unknown_top_level_field_is_refused() {
+        let r = serde_json::from_str::<CompletionRequest>(r#"{"prompt":"x","frobnicate":1}"#);
+        assert!(r.is_err());
+        let ok = serde_json::from_str::<ChatRequest>(
+            r#"{"messages":[{"role":"user","content":"x","tool_call_id":"t"}],
+                "stream_options":{"include_usage":true,"other":1}}"#,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+}

@@ -1,0 +1,225 @@
+//! OpenAI response bodies and stream chunks, built from a [`Generation`]'s
+//! state. Shapes follow OpenAI (and vLLM's `token_ids` / `prompt_token_ids`
+//! extension under `return_token_ids`).
+//!
+//! Logprobs: completions use the legacy format (`tokens`,
+//! `token_logprobs`, `top_logprobs`, `text_offset`); chat uses
+//! `{"content": [{token, logprob, bytes, top_logprobs}]}`.
+
+use crate::backend::TokenOut;
+use crate::generate::{ChoiceDelta, Generation};
+use crate::validate::Endpoint;
+use model_loader::Tokenizer;
+use serde_json::{json, Map, Value};
+
+/// Fixed fields of every chunk / response of one request.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub endpoint: Endpoint,
+}
+
+impl ResponseMeta {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Completions, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+        }
+    }
+}
+
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.token_bytes(id)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// Legacy completions logprobs for `tokens`, text offsets from `offset`.
+fn completion_logprobs(tok: &Tokenizer, tokens: &[TokenOut], mut offset: usize) -> Value {
+    let mut texts = Vec::new();
+    let mut lps = Vec::new();
+    let mut tops = Vec::new();
+    let mut offsets = Vec::new();
+    for t in tokens {
+        let s = token_text(tok, t.token_id);
+        offsets.push(offset);
+        offset += s.len();
+        let mut top = Map::new();
+        top.insert(s.clone(), json!(t.logprob));
+        for &(id, lp) in &t.top_logprobs {
+            top.insert(token_text(tok, id), json!(lp));
+        }
+        texts.push(s);
+        lps.push(t.logprob);
+        tops.push(Value::Object(top));
+    }
+    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// Chat logprobs for `tokens` (`top` alternatives each).
+fn chat_logprobs(tok: &Tokenizer, tokens: &[TokenOut], top: usize) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let bytes = tok.token_bytes(id).unwrap_or_default();
+        json!({"token": String::from_utf8_lossy(&bytes), "logprob": lp, "bytes": bytes})
+    };
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let mut e = entry(t.token_id, t.logprob);
+            let mut alts = vec![entry(t.token_id, t.logprob)];
+            alts.extend(
+                t.top_logprobs
+                    .iter()
+                    .filter(|(id, _)| *id != t.token_id)
+                    .map(|&(id, lp)| entry(id, lp)),
+            );
+            alts.truncate(top);
+            e["top_logprobs"] = Value::Array(alts);
+            e
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+fn logprobs_value(g: &Generation, tokens: &[TokenOut], offset: usize) -> Value {
+    match g.req.params.logprobs {
+        None => Value::Null,
+        Some(k) => match g.req.endpoint {
+            Endpoint::Completions => completion_logprobs(g.tokenizer(), tokens, offset),
+            Endpoint::Chat => chat_logprobs(g.tokenizer(), tokens, k),
+        },
+    }
+}
+
+/// The `usage` object.
+pub fn usage(g: &Generation) -> Value {
+    let p = g.prompt_tokens();
+    let c = g.completion_tokens();
+    let mut u = json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c});
+    if g.num_cached_tokens > 0 {
+        u["prompt_tokens_details"] = json!({"cached_tokens": g.num_cached_tokens});
+    }
+    u
+}
+
+fn prompt_of(g: &Generation, index: usize) -> &crate::validate::Prompt {
+    &g.req.prompts[index / g.req.params.n]
+}
+
+/// The non-streaming response.
+pub fn full_response(meta: &ResponseMeta, g: &Generation) -> Value {
+    let choices: Vec<Value> = g
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let prompt = prompt_of(g, i);
+            let echo = if g.req.echo { prompt.text.as_str() } else { "" };
+            let lp = logprobs_value(g, &c.tokens, echo.len());
+            let mut v = match meta.endpoint {
+                Endpoint::Completions => json!({
+                    "index": i, "text": format!("{echo}{}", c.text), "logprobs": lp,
+                    "finish_reason": c.finish_reason, "stop_reason": Value::Null,
+                }),
+                Endpoint::Chat => json!({
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": lp, "finish_reason": c.finish_reason, "stop_reason": Value::Null,
+                }),
+            };
+            if g.req.return_token_ids {
+                v["token_ids"] = json!(c.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
+                v["prompt_token_ids"] = json!(prompt.token_ids);
+            }
+            v
+        })
+        .collect();
+    json!({
+        "id": meta.id, "object": meta.object(false), "created": meta.created,
+        "model": meta.model, "choices": choices, "usage": usage(g),
+    })
+}
+
+fn chunk(meta: &ResponseMeta, choices: Vec<Value>, usage: Value) -> Value {
+    json!({
+        "id": meta.id, "object": meta.object(true), "created": meta.created,
+        "model": meta.model, "choices": choices, "usage": usage,
+    })
+}
+
+/// The first chunk of each choice: the chat role, or the echoed prompt.
+/// `None` when nothing needs saying.
+pub fn opening_chunk(meta: &ResponseMeta, g: &Generation, index: usize) -> Option<Value> {
+    let prompt = prompt_of(g, index);
+    let echo_text = if g.req.echo { prompt.text.as_str() } else { "" };
+    let mut c = match meta.endpoint {
+        Endpoint::Chat => json!({
+            "index": index, "delta": {"role": "assistant", "content": ""},
+            "logprobs": Value::Null, "finish_reason": Value::Null,
+        }),
+        Endpoint::Completions if g.req.echo || g.req.return_token_ids => json!({
+            "index": index, "text": echo_text,
+            "logprobs": Value::Null, "finish_reason": Value::Null,
+        }),
+        Endpoint::Completions => return None,
+    };
+    if g.req.return_token_ids {
+        c["prompt_token_ids"] = json!(prompt.token_ids);
+    }
+    Some(chunk(meta, vec![c], Value::Null))
+}
+
+/// One stream chunk for a choice's delta. `offset` is the choice's text
+/// length before this delta (for completions' `text_offset`).
+pub fn delta_chunk(meta: &ResponseMeta, g: &Generation, d: &ChoiceDelta, offset: usize) -> Value {
+    let lp = logprobs_value(g, &d.tokens, offset);
+    let mut c = match meta.endpoint {
+        Endpoint::Completions => json!({
+            "index": d.index, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason,
+        }),
+        Endpoint::Chat => {
+            let delta = if d.text.is_empty() && d.finish_reason.is_some() {
+                json!({})
+            } else {
+                json!({"content": d.text})
+            };
+            json!({"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason})
+        }
+    };
+    if g.req.return_token_ids {
+        c["token_ids"] = json!(d.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
+    }
+    chunk(meta, vec![c], Value::Null)
+}
+
+/// The final usage chunk (`stream_options.include_usage`).
+pub fn usage_chunk(meta: &ResponseMeta, g: &Generation) -> Value {
+    chunk(meta, Vec::new(), usage(g))
+}
+
+/// `GET /v1/models`.
+pub fn models(model: &str, created: u64, max_model_len: usize) -> Value {
+    json!({
+        "object": "list",
+        "data": [{
+            "id": model, "object": "model", "created": created, "owned_by": "paged-engine",
+            "root": model, "parent": Value::Null, "max_model_len": max_model_len,
+        }],
+    })
+}
+
+/// One SSE event.
+pub fn sse(v: &Value) -> bytes::Bytes {
+    bytes::Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// The stream's last event.
+pub const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// An error inside an already started stream (status is already 200).
+pub fn sse_error(body: &str) -> bytes::Bytes {
+    bytes::Bytes::from(format!("data: {body}\n\n"))
+}

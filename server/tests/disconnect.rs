@@ -1,0 +1,177 @@
+//! A client that disconnects mid-stream aborts its request: /metrics shows
+//! the KV blocks back in the pool shortly after. Own server, so no other
+//! test's requests hold blocks.
+
+mod common;
+
+use common::{get, metric, raw_request, start, API_KEY};
+use serde_json::json;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+fn free_blocks(addr: std::net::SocketAddr) -> (f64, f64) {
+    let body = get(addr, "/metrics").body;
+    (
+        metric(&body, "vllm:kv_cache_free_blocks"),
+        metric(&body, "vllm:kv_cache_total_blocks"),
+    )
+}
+
+#[test]
+fn disconnect_mid_stream_frees_blocks() {
+    // Prefix caching off: freed blocks go straight back to the free count.
+    let srv = start(&[
+        "--num-gpu-blocks-override",
+        "128",
+        "--enable-prefix-caching",
+        "false",
+    ]);
+    let addr = srv.addr;
+    let (free0, total) = free_blocks(addr);
+    assert_eq!(free0, total, "idle server holds no block");
+
+    let body = json!({
+        "prompt": "Tell me a very long story about a dragon.", "max_tokens": 400,
+        "temperature": 0, "ignore_eos": true, "stream": true,
+    })
+    .to_string();
+    let auth = format!("Bearer {API_KEY}");
+    let req = raw_request(
+        "POST",
+        "/v1/completions",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        body.as_bytes(),
+    );
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.write_all(&req).expect("write");
+    // Read until a few events have arrived.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.windows(6).filter(|w| w == b"data: ").count() < 4 {
+        let n = s.read(&mut buf).expect("read");
+        assert!(
+            n > 0,
+            "stream ended early: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    let (free_during, _) = free_blocks(addr);
+    assert!(
+        free_during < total,
+        "the running request holds blocks ({free_during} of {total} free)"
+    );
+    drop(s);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (free, _) = free_blocks(addr);
+        if free == total {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "blocks not freed after disconnect: {free} of {total}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let body = get(addr, "/metrics").body;
+    assert_eq!(metric(&body, "vllm:num_requests_running"), 0.0);
+    assert!(
+        body.contains("vllm:request_success_total{outcome=\"aborted\"} 1"),
+        "{body}"
+    );
+}
+
+/// Opens a streaming request and waits for its response headers; the
+/// returned socket keeps the request alive until dropped.
+fn open_stream(addr: std::net::SocketAddr, prompt: &str) -> TcpStream {
+    let body = json!({
+        "prompt": prompt, "max_tokens": 400, "temperature": 0, "ignore_eos": true, "stream": true,
+    })
+    .to_string();
+    let auth = format!("Bearer {API_KEY}");
+    let req = raw_request(
+        "POST",
+        "/v1/completions",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        body.as_bytes(),
+    );
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.write_all(&req).expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).expect("read"), 1, "headers");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s
+}
+
+#[test]
+fn overload_answers_429_and_the_server_recovers() {
+    // One running sequence at a time and one waiting request allowed.
+    let srv = start(&[
+        "--num-gpu-blocks-override",
+        "128",
+        "--max-num-seqs",
+        "1",
+        "--max-waiting-requests",
+        "1",
+    ]);
+    let addr = srv.addr;
+    let running = open_stream(addr, "First request");
+    let waiting = open_stream(addr, "Second request");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = get(addr, "/metrics").body;
+        if metric(&body, "vllm:num_requests_waiting") == 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "second request never waited:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = common::post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "Third", "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], 429);
+    drop(running);
+    drop(waiting);
+    // Once the aborts land, a new request is served.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = common::post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": "Fourth", "max_tokens": 2}),
+        );
+        if r.status == 200 {
+            assert_eq!(r.json()["usage"]["completion_tokens"], 2);
+            break;
+        }
+        assert_eq!(r.status, 429, "{}", r.body);
+        assert!(
+            Instant::now() < deadline,
+            "still overloaded after the clients left"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
