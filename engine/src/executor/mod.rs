@@ -3,6 +3,11 @@
 //! The scheduler builds a [`ForwardBatch`] and [`BlockOps`] and never knows
 //! which executor runs them (CPU today; CUDA behind the `cuda` feature).
 
+pub mod cpu;
+
+pub use cpu::generate::{argmax, generate_greedy, ContiguousLayout};
+pub use cpu::CpuExecutor;
+
 use crate::kv::{BlockCopy, BlockId};
 use thiserror::Error;
 

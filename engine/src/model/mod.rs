@@ -1,1 +1,46 @@
 //! The Llama-family forward pass on the CPU.
+//!
+//! - [`ops`]: RMSNorm, rotary embedding (rotate-half, Llama-3 scaling),
+//!   SiLU-and-mul, embedding gather, softmax; written once for all variants.
+//! - [`linear`]: `y = x W^T + b` on the `gemm` crate, both cores busy.
+//! - [`kv_cache`]: the paged KV pool, layout
+//!   `[num_blocks, block_size, num_kv_heads, head_dim]` per layer, K and V.
+//! - [`attention`]: K/V writes through the slot mapping, causal GQA attention
+//!   through block tables.
+//! - [`batch`]: validation of a `ForwardBatch` (typed errors, no panics).
+//! - [`llama`]: [`LlamaModel`], the decoder (Llama, Mistral, Qwen2).
+//!
+//! Mistral's sliding window is not applied (full causal attention), which is
+//! exact for contexts up to the window.
+
+pub mod attention;
+pub mod batch;
+pub mod kv_cache;
+pub mod linear;
+pub mod llama;
+pub mod ops;
+
+#[cfg(test)]
+mod test_util;
+#[cfg(test)]
+mod tests_model;
+#[cfg(test)]
+mod tests_ops;
+
+pub use kv_cache::{KvCache, KvGeometry, LayerKv};
+pub use llama::LlamaModel;
+
+use thiserror::Error;
+
+/// Errors building a model from a config and weights.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error("tensor {name}: expected shape {expected:?}, got {got:?}")]
+    ShapeMismatch {
+        name: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    #[error("invalid model config: {0}")]
+    InvalidConfig(String),
+}

@@ -1,0 +1,162 @@
+//! The CPU executor: the model, the accelerator KV pool and the CPU swap
+//! pool, each pool its own memory region of the configured size.
+//!
+//! A step runs the block operations in the contract's order (swap out,
+//! swap in, copy-on-write copies; every layer, K and V), then the forward
+//! pass. All block ids of a step are checked before anything moves, so a
+//! bad id leaves both pools untouched. A block move costs
+//! O(layers x block_size x kv_heads x head_dim).
+
+pub mod generate;
+
+use super::{BlockOps, ExecError, Executor, ForwardBatch, Logits};
+use crate::kv::{BlockCopy, BlockId};
+use crate::model::{KvCache, LlamaModel};
+
+/// Runs a [`LlamaModel`] on the CPU over a paged KV cache.
+pub struct CpuExecutor {
+    model: LlamaModel,
+    device: KvCache,
+    host: KvCache,
+}
+
+impl CpuExecutor {
+    /// An executor with `num_blocks` accelerator blocks and `num_cpu_blocks`
+    /// swap blocks of `block_size` tokens. Pools are zeroed; memory is
+    /// `(num_blocks + num_cpu_blocks) * bytes_per_block`.
+    pub fn new(
+        model: LlamaModel,
+        num_blocks: usize,
+        num_cpu_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, ExecError> {
+        if block_size == 0 || num_blocks == 0 {
+            return Err(ExecError::InvalidBatch(
+                "block_size and num_blocks must be positive".into(),
+            ));
+        }
+        let device = KvCache::new(model.kv_geometry(num_blocks, block_size));
+        let host = KvCache::new(model.kv_geometry(num_cpu_blocks, block_size));
+        Ok(Self {
+            model,
+            device,
+            host,
+        })
+    }
+
+    /// Sizes both pools from byte budgets (`--kv-cache-memory`, `--swap-space`):
+    /// as many whole blocks as fit.
+    pub fn with_memory_budget(
+        model: LlamaModel,
+        kv_cache_bytes: usize,
+        swap_bytes: usize,
+        block_size: usize,
+    ) -> Result<Self, ExecError> {
+        let per_block = Self::bytes_per_block(&model, block_size);
+        if per_block == 0 || kv_cache_bytes < per_block {
+            return Err(ExecError::InvalidBatch(format!(
+                "KV cache budget of {kv_cache_bytes} bytes holds no block of {per_block} bytes"
+            )));
+        }
+        Self::new(
+            model,
+            kv_cache_bytes / per_block,
+            swap_bytes / per_block,
+            block_size,
+        )
+    }
+
+    /// Bytes one block takes for `model` (all layers, K and V).
+    pub fn bytes_per_block(model: &LlamaModel, block_size: usize) -> usize {
+        model.kv_geometry(1, block_size).bytes_per_block()
+    }
+
+    /// The model.
+    pub fn model(&self) -> &LlamaModel {
+        &self.model
+    }
+
+    /// The accelerator pool.
+    pub fn device_pool(&self) -> &KvCache {
+        &self.device
+    }
+
+    /// The accelerator pool, mutable (tests, warm-up).
+    pub fn device_pool_mut(&mut self) -> &mut KvCache {
+        &mut self.device
+    }
+
+    /// The CPU swap pool.
+    pub fn cpu_pool(&self) -> &KvCache {
+        &self.host
+    }
+
+    /// The CPU swap pool, mutable (tests).
+    pub fn cpu_pool_mut(&mut self) -> &mut KvCache {
+        &mut self.host
+    }
+
+    /// Performs swap out, swap in, then copy-on-write copies. Checks every id
+    /// first: on error nothing has moved.
+    pub fn apply_block_ops(&mut self, ops: &BlockOps) -> Result<(), ExecError> {
+        let (nd, nh) = (
+            self.device.geometry().num_blocks,
+            self.host.geometry().num_blocks,
+        );
+        let check = |copies: &[BlockCopy], src_n: usize, dst_n: usize| -> Result<(), ExecError> {
+            for c in copies {
+                in_range(c.src, src_n)?;
+                in_range(c.dst, dst_n)?;
+            }
+            Ok(())
+        };
+        check(&ops.swap_out, nd, nh)?;
+        check(&ops.swap_in, nh, nd)?;
+        check(&ops.copies, nd, nd)?;
+        for c in &ops.swap_out {
+            self.host.copy_block_from(&self.device, c.src, c.dst)?;
+        }
+        for c in &ops.swap_in {
+            self.device.copy_block_from(&self.host, c.src, c.dst)?;
+        }
+        for c in &ops.copies {
+            self.device.copy_block(c.src, c.dst)?;
+        }
+        Ok(())
+    }
+}
+
+fn in_range(b: BlockId, n: usize) -> Result<(), ExecError> {
+    if (b.0 as usize) < n {
+        Ok(())
+    } else {
+        Err(ExecError::BlockOutOfRange(b))
+    }
+}
+
+impl Executor for CpuExecutor {
+    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
+        self.apply_block_ops(ops)?;
+        self.model.forward(batch, &mut self.device)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    fn num_blocks(&self) -> (usize, usize) {
+        (
+            self.device.geometry().num_blocks,
+            self.host.geometry().num_blocks,
+        )
+    }
+
+    fn block_size(&self) -> usize {
+        self.device.geometry().block_size
+    }
+}
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_smollm2;

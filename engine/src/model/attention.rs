@@ -1,0 +1,190 @@
+//! Paged attention on the CPU: K/V writes through the slot mapping and
+//! causal attention reading K/V through each sequence's block table.
+//!
+//! Invariants (checked by `batch::validate` before anything runs): each
+//! sequence's tokens are consecutive in the batch, token `i` of a sequence
+//! with `query_len` q and `context_len` c sits at position `c - q + i`, its
+//! K/V slot lies in the block its block table names for that position, and
+//! the block table covers `c` tokens. A query at position `p` attends to
+//! positions `0..=p` of its own sequence (causal mask), query head `h` reads
+//! KV head `h / (num_heads / num_kv_heads)` (GQA).
+//!
+//! Work is split over (sequence, query head, chunk of `QUERY_CHUNK` query
+//! tokens) tasks on rayon; each task writes a disjoint part of the output.
+//! Cost per query: O(p x head_dim) flops and O(p) scratch (thread-local,
+//! reused). Softmax is the max-subtracted form with f32 accumulation.
+
+use super::kv_cache::{KvGeometry, LayerKv};
+use super::ops::{axpy, dot, softmax_in_place};
+use crate::executor::SeqSpan;
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Query tokens per attention task (balances long prefills over cores).
+const QUERY_CHUNK: usize = 16;
+
+/// Writes this step's K and V (`[tokens, num_kv_heads * head_dim]`, rows
+/// `k_stride`/`v_stride` apart) into the pool at `slots`. Slots are in range
+/// (validated).
+pub fn write_kv(
+    layer: &mut LayerKv,
+    k: &[f32],
+    v: &[f32],
+    row_stride: usize,
+    slots: &[usize],
+    token_elems: usize,
+) {
+    for (t, &slot) in slots.iter().enumerate() {
+        let dst = slot * token_elems..(slot + 1) * token_elems;
+        let src = t * row_stride..t * row_stride + token_elems;
+        layer.k[dst.clone()].copy_from_slice(&k[src.clone()]);
+        layer.v[dst].copy_from_slice(&v[src]);
+    }
+}
+
+/// One unit of attention work.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnTask {
+    seq: usize,
+    /// Row of the sequence's first token in the batch.
+    first_row: usize,
+    head: usize,
+    /// Query range inside the sequence.
+    q_begin: usize,
+    q_end: usize,
+}
+
+/// The task list for a batch; built once per forward pass, used by every layer.
+pub fn plan(seqs: &[SeqSpan], num_heads: usize) -> Vec<AttnTask> {
+    let mut tasks = Vec::new();
+    let mut first_row = 0;
+    for (seq, span) in seqs.iter().enumerate() {
+        for head in 0..num_heads {
+            let mut q = 0;
+            while q < span.query_len {
+                let q_end = (q + QUERY_CHUNK).min(span.query_len);
+                tasks.push(AttnTask {
+                    seq,
+                    first_row,
+                    head,
+                    q_begin: q,
+                    q_end,
+                });
+                q = q_end;
+            }
+        }
+        first_row += span.query_len;
+    }
+    tasks
+}
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each task writes only the `head_dim` elements of (row, head) pairs
+// it owns; tasks own disjoint pairs (see `plan`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above; the pointer value itself is only read concurrently.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the `Send` wrapper whole).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Causal paged attention for one layer.
+///
+/// `q` holds each token's query heads (`num_heads * head_dim`) at the start
+/// of rows `q_stride` apart (rotary already applied); `out` is
+/// `[tokens, num_heads * head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    q: &[f32],
+    q_stride: usize,
+    layer: &LayerKv,
+    geom: &KvGeometry,
+    seqs: &[SeqSpan],
+    tasks: &[AttnTask],
+    num_heads: usize,
+    out: &mut [f32],
+) {
+    let hd = geom.head_dim;
+    let out_stride = num_heads * hd;
+    let rows = seqs.iter().map(|s| s.query_len).sum::<usize>();
+    assert!(
+        out.len() >= rows * out_stride && q.len() >= rows.saturating_sub(1) * q_stride + out_stride
+    );
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    tasks.par_iter().for_each(|task| {
+        SCORES.with(|cell| {
+            let mut scores = cell.borrow_mut();
+            attend_task(
+                q,
+                q_stride,
+                layer,
+                geom,
+                &seqs[task.seq],
+                task,
+                num_heads,
+                out_ptr,
+                out_stride,
+                &mut scores,
+            );
+        });
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_task(
+    q: &[f32],
+    q_stride: usize,
+    layer: &LayerKv,
+    geom: &KvGeometry,
+    span: &SeqSpan,
+    task: &AttnTask,
+    num_heads: usize,
+    out_ptr: OutPtr,
+    out_stride: usize,
+    scores: &mut Vec<f32>,
+) {
+    let hd = geom.head_dim;
+    let bs = geom.block_size;
+    let te = geom.token_elems();
+    let kv_head = task.head / (num_heads / geom.num_kv_heads);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let past = span.context_len - span.query_len;
+    for i in task.q_begin..task.q_end {
+        let row = task.first_row + i;
+        let n_keys = past + i + 1;
+        let qv = &q[row * q_stride + task.head * hd..][..hd];
+        scores.clear();
+        scores.resize(n_keys, 0.0);
+        for (bi, chunk) in scores.chunks_mut(bs).enumerate() {
+            let base = span.block_table[bi].0 as usize * bs * te + kv_head * hd;
+            for (off, s) in chunk.iter_mut().enumerate() {
+                let k = &layer.k[base + off * te..][..hd];
+                *s = dot(qv, k) * scale;
+            }
+        }
+        softmax_in_place(scores);
+        // SAFETY: (row, task.head) is owned by this task alone (tasks are
+        // disjoint in (sequence row, head)); the range lies inside `out`
+        // (asserted in `paged_attention`), which is exclusively borrowed
+        // for the duration of the parallel section.
+        let o = unsafe {
+            std::slice::from_raw_parts_mut(out_ptr.get().add(row * out_stride + task.head * hd), hd)
+        };
+        o.fill(0.0);
+        for (bi, chunk) in scores.chunks(bs).enumerate() {
+            let base = span.block_table[bi].0 as usize * bs * te + kv_head * hd;
+            for (off, &p) in chunk.iter().enumerate() {
+                axpy(p, &layer.v[base + off * te..][..hd], o);
+            }
+        }
+    }
+}

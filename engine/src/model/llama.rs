@@ -1,0 +1,256 @@
+//! The Llama-family decoder (Llama, Mistral, Qwen2) on the CPU.
+//!
+//! Weights are converted once at construction: q/k/v projections fused into
+//! one `[q + 2 kv, hidden]` matrix (biases concatenated, Qwen2), gate and up
+//! fused into one `[2 * intermediate, hidden]` matrix. One forward pass runs
+//! any mix of prefill chunks and decode tokens; per layer it costs six GEMMs
+//! over all batch tokens plus paged attention, and the output projection is
+//! applied only to `batch.logits_rows`. Scratch activations are allocated
+//! once per call and reused by every layer.
+
+use super::attention::{paged_attention, plan, write_kv};
+use super::batch::validate;
+use super::kv_cache::{KvCache, KvGeometry};
+use super::linear::{matmul_wt, Linear};
+use super::ops::{embed, rms_norm, silu_mul, RopeTables};
+use super::ModelError;
+use crate::executor::{ExecError, ForwardBatch, Logits};
+use model_loader::{ModelConfig, ModelWeights, Tensor};
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    qkv: Linear,
+    o: Linear,
+    ffn_norm: Vec<f32>,
+    gate_up: Linear,
+    down: Linear,
+}
+
+/// A loaded Llama-family model, ready to run forward passes.
+pub struct LlamaModel {
+    config: ModelConfig,
+    embedding: Vec<f32>,
+    layers: Vec<Layer>,
+    final_norm: Vec<f32>,
+    /// `None` when tied to the embedding.
+    lm_head: Option<Vec<f32>>,
+    rope: RopeTables,
+}
+
+fn take(t: Tensor, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+    if t.shape != shape || t.data.len() != shape.iter().product::<usize>() {
+        return Err(ModelError::ShapeMismatch {
+            name: name.to_string(),
+            expected: shape.to_vec(),
+            got: t.shape,
+        });
+    }
+    Ok(t.data)
+}
+
+fn fuse(parts: Vec<Vec<f32>>) -> Vec<f32> {
+    let mut out = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+    for p in parts {
+        out.extend_from_slice(&p);
+    }
+    out
+}
+
+fn check_config(c: &ModelConfig) -> Result<(), ModelError> {
+    let bad = |m: &str| Err(ModelError::InvalidConfig(m.to_string()));
+    if c.num_attention_heads == 0 || c.num_key_value_heads == 0 || c.num_hidden_layers == 0 {
+        return bad("zero heads or layers");
+    }
+    if !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
+        return bad("num_attention_heads is not a multiple of num_key_value_heads");
+    }
+    if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) {
+        return bad("head_dim must be even and non-zero");
+    }
+    if c.hidden_size == 0
+        || c.intermediate_size == 0
+        || c.vocab_size == 0
+        || c.max_position_embeddings == 0
+    {
+        return bad("zero-sized dimension");
+    }
+    Ok(())
+}
+
+impl LlamaModel {
+    /// Validates shapes and converts the weights (fusing q/k/v and gate/up).
+    pub fn new(config: ModelConfig, weights: ModelWeights) -> Result<Self, ModelError> {
+        check_config(&config)?;
+        let c = &config;
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let (qd, kvd, inter) = (
+            c.num_attention_heads * hd,
+            c.num_key_value_heads * hd,
+            c.intermediate_size,
+        );
+        if weights.layers.len() != c.num_hidden_layers {
+            return Err(ModelError::InvalidConfig(format!(
+                "{} layers of weights for {} configured layers",
+                weights.layers.len(),
+                c.num_hidden_layers
+            )));
+        }
+        let mut layers = Vec::with_capacity(weights.layers.len());
+        for (i, lw) in weights.layers.into_iter().enumerate() {
+            let n = |s: &str| format!("layers.{i}.{s}");
+            let bias = match (lw.bq, lw.bk, lw.bv) {
+                (None, None, None) => None,
+                (Some(bq), Some(bk), Some(bv)) => Some(fuse(vec![
+                    take(bq, &n("bq"), &[qd])?,
+                    take(bk, &n("bk"), &[kvd])?,
+                    take(bv, &n("bv"), &[kvd])?,
+                ])),
+                _ => {
+                    return Err(ModelError::InvalidConfig(n(
+                        "q/k/v biases present for some projections only",
+                    )))
+                }
+            };
+            layers.push(Layer {
+                attn_norm: take(lw.attn_norm, &n("attn_norm"), &[h])?,
+                qkv: Linear {
+                    weight: fuse(vec![
+                        take(lw.wq, &n("wq"), &[qd, h])?,
+                        take(lw.wk, &n("wk"), &[kvd, h])?,
+                        take(lw.wv, &n("wv"), &[kvd, h])?,
+                    ]),
+                    bias,
+                    out_features: qd + 2 * kvd,
+                    in_features: h,
+                },
+                o: linear(take(lw.wo, &n("wo"), &[h, qd])?, h, qd),
+                ffn_norm: take(lw.ffn_norm, &n("ffn_norm"), &[h])?,
+                gate_up: linear(
+                    fuse(vec![
+                        take(lw.w_gate, &n("w_gate"), &[inter, h])?,
+                        take(lw.w_up, &n("w_up"), &[inter, h])?,
+                    ]),
+                    2 * inter,
+                    h,
+                ),
+                down: linear(take(lw.w_down, &n("w_down"), &[h, inter])?, h, inter),
+            });
+        }
+        let embedding = take(
+            weights.token_embedding,
+            "token_embedding",
+            &[c.vocab_size, h],
+        )?;
+        let lm_head = match weights.lm_head {
+            Some(t) => Some(take(t, "lm_head", &[c.vocab_size, h])?),
+            None => None,
+        };
+        let final_norm = take(weights.final_norm, "final_norm", &[h])?;
+        let rope = RopeTables::new(hd, c.rope_theta, c.rope_scaling, c.max_position_embeddings);
+        Ok(Self {
+            config,
+            embedding,
+            layers,
+            final_norm,
+            lm_head,
+            rope,
+        })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The KV pool geometry this model needs for `num_blocks` blocks of `block_size`.
+    pub fn kv_geometry(&self, num_blocks: usize, block_size: usize) -> KvGeometry {
+        KvGeometry::for_model(&self.config, num_blocks, block_size)
+    }
+
+    /// Runs one forward pass: writes this step's K/V into `cache` and returns
+    /// the logits of `batch.logits_rows`, in that order.
+    pub fn forward(&self, batch: &ForwardBatch, cache: &mut KvCache) -> Result<Logits, ExecError> {
+        let c = &self.config;
+        let geom = cache.geometry();
+        if geom.num_layers != c.num_hidden_layers
+            || geom.num_kv_heads != c.num_key_value_heads
+            || geom.head_dim != c.head_dim
+            || geom.block_size == 0
+        {
+            return Err(ExecError::InvalidBatch(format!(
+                "KV cache geometry {geom:?} does not fit the model"
+            )));
+        }
+        validate(batch, &geom, c.vocab_size, self.rope.max_positions())?;
+        let n = batch.token_ids.len();
+        let (h, nh, hd) = (c.hidden_size, c.num_attention_heads, c.head_dim);
+        let (qd, kvd, inter) = (nh * hd, c.num_key_value_heads * hd, c.intermediate_size);
+        let qkv_dim = qd + 2 * kvd;
+
+        let mut x = vec![0.0f32; n * h];
+        embed(&self.embedding, h, &batch.token_ids, &mut x);
+        let mut hbuf = vec![0.0f32; n * h];
+        let mut qkv = vec![0.0f32; n * qkv_dim];
+        let mut attn = vec![0.0f32; n * qd];
+        let mut gu = vec![0.0f32; n * 2 * inter];
+        let mut act = vec![0.0f32; n * inter];
+        let tasks = plan(&batch.seqs, nh);
+
+        for (li, layer) in self.layers.iter().enumerate() {
+            rms_norm(&x, &layer.attn_norm, c.rms_norm_eps, &mut hbuf);
+            layer.qkv.forward(&hbuf, n, &mut qkv, false);
+            for (row, &pos) in qkv.chunks_exact_mut(qkv_dim).zip(&batch.positions) {
+                let (q, rest) = row.split_at_mut(qd);
+                self.rope.apply(q, pos);
+                self.rope.apply(&mut rest[..kvd], pos);
+            }
+            if n > 0 {
+                write_kv(
+                    cache.layer_mut(li),
+                    &qkv[qd..],
+                    &qkv[qd + kvd..],
+                    qkv_dim,
+                    &batch.slot_mapping,
+                    kvd,
+                );
+            }
+            paged_attention(
+                &qkv,
+                qkv_dim,
+                cache.layer(li),
+                &geom,
+                &batch.seqs,
+                &tasks,
+                nh,
+                &mut attn,
+            );
+            layer.o.forward(&attn, n, &mut x, true);
+            rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps, &mut hbuf);
+            layer.gate_up.forward(&hbuf, n, &mut gu, false);
+            silu_mul(&gu, inter, &mut act);
+            layer.down.forward(&act, n, &mut x, true);
+        }
+
+        let rows = batch.logits_rows.len();
+        let mut sel = vec![0.0f32; rows * h];
+        for (dst, &r) in sel.chunks_exact_mut(h).zip(&batch.logits_rows) {
+            dst.copy_from_slice(&x[r * h..(r + 1) * h]);
+        }
+        let mut normed = vec![0.0f32; rows * h];
+        rms_norm(&sel, &self.final_norm, c.rms_norm_eps, &mut normed);
+        let vocab = c.vocab_size;
+        let mut data = vec![0.0f32; rows * vocab];
+        let head = self.lm_head.as_deref().unwrap_or(&self.embedding);
+        matmul_wt(&normed, rows, head, vocab, h, &mut data, false);
+        Ok(Logits { rows, vocab, data })
+    }
+}
+
+fn linear(weight: Vec<f32>, out_features: usize, in_features: usize) -> Linear {
+    Linear {
+        weight,
+        bias: None,
+        out_features,
+        in_features,
+    }
+}

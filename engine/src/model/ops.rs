@@ -1,0 +1,196 @@
+//! Element-wise and per-row layer ops shared by every Llama-family variant:
+//! RMSNorm, rotary embedding (rotate-half form), SiLU-and-mul, embedding
+//! gather, and the small vector kernels (dot, axpy) the attention uses.
+//!
+//! Activations are row-major `[tokens, features]` f32 slices. Every op is
+//! O(tokens x features) and allocation-free; the inner loops are written over
+//! fixed-width chunks so that LLVM vectorizes them (AVX2 + FMA with the
+//! workspace's `target-cpu=x86-64-v3`).
+
+use model_loader::RopeScaling;
+
+/// Width of the manual accumulator split in [`dot`]: 4 AVX registers.
+const LANES: usize = 32;
+
+/// Dot product of two equal-length slices, accumulated in f32 with `LANES`
+/// independent partial sums (vectorizes; order differs from a serial sum by
+/// rounding only).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; LANES];
+    let ca = a.chunks_exact(LANES);
+    let cb = b.chunks_exact(LANES);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for ((s, xv), yv) in acc.iter_mut().zip(x).zip(y) {
+            *s = xv.mul_add(*yv, *s);
+        }
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        tail = x.mul_add(*y, tail);
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `out += alpha * x`.
+#[inline]
+pub fn axpy(alpha: f32, x: &[f32], out: &mut [f32]) {
+    debug_assert_eq!(x.len(), out.len());
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = v.mul_add(alpha, *o);
+    }
+}
+
+/// RMSNorm of each row of `x` (`[rows, weight.len()]`) into `out`:
+/// `out = x / sqrt(mean(x^2) + eps) * weight`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let h = weight.len();
+    debug_assert_eq!(x.len(), out.len());
+    for (row, orow) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        let ms = dot(row, row) / h as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for ((o, v), w) in orow.iter_mut().zip(row).zip(weight) {
+            *o = v * inv * w;
+        }
+    }
+}
+
+/// SiLU-and-mul: each row of `gate_up` is `[gate (inter), up (inter)]`; the
+/// matching row of `out` (`inter` wide) gets `silu(gate) * up`.
+pub fn silu_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
+    debug_assert_eq!(gate_up.len(), out.len() * 2);
+    for (row, orow) in gate_up
+        .chunks_exact(2 * inter)
+        .zip(out.chunks_exact_mut(inter))
+    {
+        let (gate, up) = row.split_at(inter);
+        for ((o, g), u) in orow.iter_mut().zip(gate).zip(up) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+}
+
+/// Copies embedding rows `table[id]` (`hidden` wide) into consecutive rows of
+/// `out`. The caller has checked every id against the vocabulary.
+pub fn embed(table: &[f32], hidden: usize, ids: &[u32], out: &mut [f32]) {
+    for (&id, orow) in ids.iter().zip(out.chunks_exact_mut(hidden)) {
+        let start = id as usize * hidden;
+        orow.copy_from_slice(&table[start..start + hidden]);
+    }
+}
+
+/// Rotary inverse frequencies `theta^(-2i/head_dim)` for `i < head_dim/2`,
+/// with Llama 3.1's piecewise scaling applied when configured.
+pub fn rope_inv_freq(head_dim: usize, theta: f32, scaling: Option<RopeScaling>) -> Vec<f64> {
+    let half = head_dim / 2;
+    let base: Vec<f64> = (0..half)
+        .map(|i| 1.0 / (theta as f64).powf(2.0 * i as f64 / head_dim as f64))
+        .collect();
+    match scaling {
+        None => base,
+        Some(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        }) => {
+            let (factor, low, high) = (
+                factor as f64,
+                low_freq_factor as f64,
+                high_freq_factor as f64,
+            );
+            let old_len = original_max_position_embeddings as f64;
+            let low_wavelen = old_len / low;
+            let high_wavelen = old_len / high;
+            base.into_iter()
+                .map(|freq| {
+                    let wavelen = 2.0 * std::f64::consts::PI / freq;
+                    if wavelen < high_wavelen {
+                        freq
+                    } else if wavelen > low_wavelen {
+                        freq / factor
+                    } else {
+                        let smooth = (old_len / wavelen - low) / (high - low);
+                        (1.0 - smooth) * freq / factor + smooth * freq
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+/// Precomputed cos/sin tables for positions `0..max_positions`, computed once
+/// in f64 and stored as f32 `[max_positions, head_dim/2]`.
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    half: usize,
+    max_positions: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTables {
+    /// Tables for `head_dim` (even) and positions below `max_positions`.
+    pub fn new(
+        head_dim: usize,
+        theta: f32,
+        scaling: Option<RopeScaling>,
+        max_positions: usize,
+    ) -> Self {
+        let half = head_dim / 2;
+        let inv = rope_inv_freq(head_dim, theta, scaling);
+        let mut cos = Vec::with_capacity(max_positions * half);
+        let mut sin = Vec::with_capacity(max_positions * half);
+        for p in 0..max_positions {
+            for f in &inv {
+                let angle = p as f64 * f;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Self {
+            half,
+            max_positions,
+            cos,
+            sin,
+        }
+    }
+
+    /// Number of positions covered.
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// Rotates every head of one token in place (rotate-half form):
+    /// `x[i], x[i+half] <- x[i] cos - x[i+half] sin, x[i+half] cos + x[i] sin`.
+    /// `x` is `[n_heads, 2*half]`; `pos < max_positions` (checked by the caller).
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let half = self.half;
+        let cos = &self.cos[pos * half..(pos + 1) * half];
+        let sin = &self.sin[pos * half..(pos + 1) * half];
+        for head in x.chunks_exact_mut(2 * half) {
+            let (a, b) = head.split_at_mut(half);
+            for (((x1, x2), c), s) in a.iter_mut().zip(b.iter_mut()).zip(cos).zip(sin) {
+                let (u, v) = (*x1, *x2);
+                *x1 = u * c - v * s;
+                *x2 = v * c + u * s;
+            }
+        }
+    }
+}
+
+/// Numerically stable in-place softmax of `x`; returns nothing, `x` sums to 1.
+pub fn softmax_in_place(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
