@@ -44,3 +44,40 @@ pub struct ModelConfig {
     /// q/k/v projections carry biases (Qwen2).
     pub attention_bias: bool,
 }
+
+impl ModelConfig {
+    /// Checks the relations the forward pass relies on: non-zero sizes, whole
+    /// GQA groups, an even head dimension (rotary pairs).
+    pub fn validate(&self) -> Result<(), crate::error::LoaderError> {
+        let bad = |m: String| Err(crate::error::LoaderError::InvalidConfig(m));
+        let sizes = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return bad(format!("{name} is 0"));
+        }
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
+            return bad(format!(
+                "{} attention heads not a multiple of {} KV heads",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head_dim {} is odd", self.head_dim));
+        }
+        if !(self.rms_norm_eps > 0.0 && self.rope_theta > 0.0) {
+            return bad("rms_norm_eps and rope_theta must be positive".into());
+        }
+        Ok(())
+    }
+}

@@ -4,10 +4,151 @@
 //!
 //! Invariant: this crate does no model compute and no GPU work. It reads,
 //! validates, dequantizes and reorders; numbers leave it as plain `f32` rows.
+//!
+//! Entry point: [`load_model`] takes a `.gguf` file or an HF model directory.
 
+pub mod chat;
 pub mod config;
+pub mod dequant;
+pub mod error;
+pub mod gguf;
+pub mod gguf_model;
+pub mod hf;
 pub mod paths;
+pub mod safetensors_io;
+pub mod tiny;
+pub mod tokenizer;
 pub mod weights;
 
+use std::path::Path;
+
+pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use error::LoaderError;
+pub use tokenizer::Tokenizer;
 pub use weights::{LayerWeights, ModelWeights, Tensor};
+
+/// Which on-disk layout a model came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFormat {
+    Gguf,
+    HfDir,
+}
+
+/// A fully loaded model.
+#[derive(Debug)]
+pub struct LoadedModel {
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    pub format: ModelFormat,
+}
+
+/// Everything but the weights (cheap: no tensor is read).
+#[derive(Debug)]
+pub struct ModelInfo {
+    pub config: ModelConfig,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    pub format: ModelFormat,
+}
+
+fn format_of(path: &Path) -> Result<ModelFormat, LoaderError> {
+    if path.is_dir() {
+        if path.join("config.json").is_file() {
+            return Ok(ModelFormat::HfDir);
+        }
+    } else if path.is_file() {
+        return Ok(ModelFormat::Gguf);
+    } else if !path.exists() {
+        return Err(LoaderError::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        ));
+    }
+    Err(LoaderError::UnknownFormat {
+        path: path.to_path_buf(),
+    })
+}
+
+fn gguf_template(g: &gguf::GgufFile, tok: &Tokenizer) -> Result<Option<ChatTemplate>, LoaderError> {
+    let Some(src) = g.get_opt("tokenizer.chat_template", "string", |v| {
+        v.as_str().map(str::to_string)
+    })?
+    else {
+        return Ok(None);
+    };
+    let name = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i)).unwrap_or_default();
+    let eos = name(tok.eos_token_ids().first().copied());
+    ChatTemplate::new(&src, &name(tok.bos_token_id()), &eos).map(Some)
+}
+
+/// Loads a `.gguf` file or an HF model directory (config.json, safetensors,
+/// tokenizer.json): config, f32 weights, tokenizer and chat template.
+pub fn load_model(path: &Path) -> Result<LoadedModel, LoaderError> {
+    match format_of(path)? {
+        ModelFormat::Gguf => {
+            let g = gguf::GgufFile::open(path)?;
+            let config = gguf_model::config_from_gguf(&g)?;
+            // The tokenizer is built while the weights are dequantized.
+            let (tokenizer, weights) = std::thread::scope(|s| {
+                let tok = s.spawn(|| tokenizer::gguf::tokenizer_from_gguf(&g));
+                let weights = gguf_model::weights_from_gguf(&g, &config);
+                let tok = tok.join().unwrap_or_else(|_| {
+                    Err(LoaderError::Tokenizer("tokenizer thread panicked".into()))
+                });
+                (tok, weights)
+            });
+            let (tokenizer, weights) = (tokenizer?, weights?);
+            let chat_template = gguf_template(&g, &tokenizer)?;
+            Ok(LoadedModel {
+                config,
+                weights,
+                tokenizer,
+                chat_template,
+                format: ModelFormat::Gguf,
+            })
+        }
+        ModelFormat::HfDir => {
+            let config = hf::read_config(path)?;
+            let (tokenizer, chat_template) = hf::tokenizer_and_template(path)?;
+            let weights = hf::read_weights(path, &config)?;
+            Ok(LoadedModel {
+                config,
+                weights,
+                tokenizer,
+                chat_template,
+                format: ModelFormat::HfDir,
+            })
+        }
+    }
+}
+
+/// Like [`load_model`] without reading any tensor.
+pub fn load_config_and_tokenizer(path: &Path) -> Result<ModelInfo, LoaderError> {
+    match format_of(path)? {
+        ModelFormat::Gguf => {
+            let g = gguf::GgufFile::open(path)?;
+            let config = gguf_model::config_from_gguf(&g)?;
+            let tokenizer = tokenizer::gguf::tokenizer_from_gguf(&g)?;
+            let chat_template = gguf_template(&g, &tokenizer)?;
+            Ok(ModelInfo {
+                config,
+                tokenizer,
+                chat_template,
+                format: ModelFormat::Gguf,
+            })
+        }
+        ModelFormat::HfDir => {
+            let config = hf::read_config(path)?;
+            let (tokenizer, chat_template) = hf::tokenizer_and_template(path)?;
+            Ok(ModelInfo {
+                config,
+                tokenizer,
+                chat_template,
+                format: ModelFormat::HfDir,
+            })
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! model-loader integration tests (one binary, several modules).
+
+mod chat;
+mod common;
+mod gguf;
+mod hf;
+mod smollm2;
+mod tiny;
