@@ -1,9 +1,8 @@
 //! Microbenchmarks of the kernels on the host emulator, at small shapes.
 //!
 //! On the CPU this times the emulator (one OS thread per GPU thread, so the figures
-//! measure the emulation, not the kernels); the harness is what a GPU run would reuse.
-//! Timing the PTX with CUDA events at vLLM's shapes needs a GPU and `cudarc`, and is not
-//! part of this crate yet.
+//! measure the emulation, not the kernels). Timing the PTX with CUDA events at vLLM's
+//! shapes is the `gpu` bench (`cargo bench -p gpu-kernels --features cuda --bench gpu`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use gpu_kernels::attention::paged_attention_v1;

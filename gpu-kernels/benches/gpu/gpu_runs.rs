@@ -1,0 +1,349 @@
+//! What the GPU benchmark runs: validation of each timed kernel against the f64 / exact
+//! CPU references on small shapes, then CUDA-event timings at vLLM's decode shape
+//! (batch 8, context 4096, 64 query / 8 KV heads, head 128, block 16, bf16), printed as
+//! achieved GB/s beside a measured device-to-device copy of the same size.
+//!
+//! Byte counts are the minimum a kernel must move (see
+//! [`crate::problem::DecodeShape::bytes_moved`]); split-K scratch traffic is not counted,
+//! so v2's figure is comparable with v1's.
+
+use crate::cuda::{gbps, Arg, Gpu, GpuError, Kernel};
+use crate::problem::{
+    check_close, poisoned, rms_norm_reference, BenchRng, CacheWrite, DecodeProblem, DecodeShape, D,
+};
+use cudarc::driver::CudaSlice;
+use gpu_kernels::launch as geom;
+use half::bf16;
+
+/// Split-K partition size (vLLM's `PARTITION_SIZE`).
+const PARTITION: u32 = 512;
+/// Timed iterations per figure.
+const ITERS: u32 = 50;
+/// Untimed warm-up launches per figure.
+const WARMUP: u32 = 5;
+/// RMSNorm epsilon.
+const EPS: f32 = 1e-6;
+/// Hidden size of the RMSNorm figures (Llama-70B).
+const HIDDEN: usize = 8192;
+
+/// The attention entry points, loaded once.
+struct AttnKernels {
+    v1: Kernel,
+    v2: Kernel,
+    reduce: Kernel,
+}
+
+impl AttnKernels {
+    fn load(gpu: &Gpu) -> Result<Self, GpuError> {
+        Ok(Self {
+            v1: gpu.kernel("paged_attention_v1_bf16_h128")?,
+            v2: gpu.kernel("paged_attention_v2_bf16_h128")?,
+            reduce: gpu.kernel("paged_attention_v2_reduce_bf16_h128")?,
+        })
+    }
+}
+
+/// A [`DecodeProblem`] in device memory, with its output and split-K scratch.
+struct AttnDevice {
+    shape: DecodeShape,
+    scale: f32,
+    q: CudaSlice<bf16>,
+    k: CudaSlice<bf16>,
+    v: CudaSlice<bf16>,
+    tables: CudaSlice<u32>,
+    ctx: CudaSlice<u32>,
+    out: CudaSlice<bf16>,
+    tmp: CudaSlice<f32>,
+    max_logits: CudaSlice<f32>,
+    exp_sums: CudaSlice<f32>,
+    parts: u32,
+}
+
+impl AttnDevice {
+    fn upload(gpu: &Gpu, p: &DecodeProblem) -> Result<Self, GpuError> {
+        let parts = geom::num_partitions(p.shape.max_ctx(), PARTITION);
+        let slots = p.q.len() / D * parts as usize;
+        Ok(Self {
+            shape: p.shape.clone(),
+            scale: p.scale,
+            q: gpu.upload(&p.q)?,
+            k: gpu.upload(&p.k)?,
+            v: gpu.upload(&p.v)?,
+            tables: gpu.upload(&p.tables)?,
+            ctx: gpu.upload(&p.shape.ctx)?,
+            out: gpu.upload(&poisoned(p.q.len()))?,
+            tmp: gpu.upload(&vec![f32::NAN; slots * D])?,
+            max_logits: gpu.upload(&vec![f32::NAN; slots])?,
+            exp_sums: gpu.upload(&vec![f32::NAN; slots])?,
+            parts,
+        })
+    }
+
+    fn dims(&self) -> (u32, u32, u32) {
+        let s = &self.shape;
+        (s.ctx.len() as u32, s.heads as u32, s.max_ctx())
+    }
+
+    /// The parameters shared by v1 and v2 after the outputs and `q`, in KERNELS order.
+    fn kv_args(&self, gpu: &Gpu) -> [(&'static str, Arg); 7] {
+        let s = &self.shape;
+        [
+            ("k_cache", gpu.ptr(&self.k)),
+            ("v_cache", gpu.ptr(&self.v)),
+            ("block_tables", gpu.ptr(&self.tables)),
+            ("context_lens", gpu.ptr(&self.ctx)),
+            ("num_kv_heads", Arg::U32(s.kv_heads as u32)),
+            ("scale", Arg::F32(self.scale)),
+            ("block_size", Arg::U32(s.block_size as u32)),
+        ]
+    }
+
+    fn launch_v1(&self, gpu: &Gpu, k: &AttnKernels) -> Result<(), GpuError> {
+        let (seqs, heads, max_ctx) = self.dims();
+        let mut args = vec![("out", gpu.ptr(&self.out)), ("q", gpu.ptr(&self.q))];
+        args.extend(self.kv_args(gpu));
+        args.push((
+            "max_blocks_per_seq",
+            Arg::U32(self.shape.max_blocks() as u32),
+        ));
+        let cfg = geom::paged_attention_v1(seqs, heads, max_ctx, geom::ATTN_THREADS);
+        gpu.launch(&k.v1, cfg, &args)
+    }
+
+    fn launch_v2(&self, gpu: &Gpu, k: &AttnKernels) -> Result<(), GpuError> {
+        let (seqs, heads, max_ctx) = self.dims();
+        let (tmp, ml, es) = (
+            gpu.ptr(&self.tmp),
+            gpu.ptr(&self.max_logits),
+            gpu.ptr(&self.exp_sums),
+        );
+        let mut args = vec![
+            ("tmp_out", tmp),
+            ("max_logits", ml),
+            ("exp_sums", es),
+            ("q", gpu.ptr(&self.q)),
+        ];
+        args.extend(self.kv_args(gpu));
+        args.push((
+            "max_blocks_per_seq",
+            Arg::U32(self.shape.max_blocks() as u32),
+        ));
+        args.push(("partition_size", Arg::U32(PARTITION)));
+        let cfg = geom::paged_attention_v2(seqs, heads, max_ctx, PARTITION, geom::ATTN_THREADS);
+        gpu.launch(&k.v2, cfg, &args)?;
+        let args = [
+            ("out", gpu.ptr(&self.out)),
+            ("tmp_out", tmp),
+            ("max_logits", ml),
+            ("exp_sums", es),
+            ("context_lens", gpu.ptr(&self.ctx)),
+            ("partition_size", Arg::U32(PARTITION)),
+            ("max_partitions", Arg::U32(self.parts)),
+        ];
+        let cfg = geom::paged_attention_v2_reduce(seqs, heads, geom::ATTN_THREADS);
+        gpu.launch(&k.reduce, cfg, &args)
+    }
+
+    /// Re-poisons the output so the next launch must write every element.
+    fn poison(&mut self, gpu: &Gpu) -> Result<(), GpuError> {
+        let n = self.out.len();
+        gpu.stream.memcpy_htod(&poisoned(n), &mut self.out)?;
+        Ok(())
+    }
+}
+
+/// Validates v1, v2 (3 partitions), rms_norm and reshape_and_cache on small shapes.
+pub fn validate(gpu: &Gpu, r: &mut BenchRng) -> Result<(), GpuError> {
+    let k = AttnKernels::load(gpu)?;
+    let shape = DecodeShape::ragged(r, 64, 8, 3 * PARTITION as usize);
+    let p = DecodeProblem::random(r, shape);
+    let want = p.reference();
+    let mut dev = AttnDevice::upload(gpu, &p)?;
+    dev.launch_v1(gpu, &k)?;
+    check_close("gpu v1", r.seed, &gpu.download(&dev.out)?, &want)?;
+    dev.poison(gpu)?;
+    dev.launch_v2(gpu, &k)?;
+    check_close("gpu v2", r.seed, &gpu.download(&dev.out)?, &want)?;
+    println!(
+        "validated paged_attention v1 and v2 (partition {PARTITION}) bf16 h{D}, contexts {:?}, \
+         64/8 heads",
+        p.shape.ctx
+    );
+
+    let (rows, x, w) = (
+        4usize,
+        r.vec(4 * HIDDEN, -2.0, 2.0),
+        r.vec(HIDDEN, 0.5, 1.5),
+    );
+    let (xd, wd, od) = (
+        gpu.upload(&x)?,
+        gpu.upload(&w)?,
+        gpu.upload(&poisoned(x.len()))?,
+    );
+    launch_rms_norm(gpu, &gpu.kernel("rms_norm_bf16")?, &od, &xd, &wd, rows)?;
+    let want = rms_norm_reference(&x, &w, f64::from(EPS));
+    check_close("gpu rms_norm", r.seed, &gpu.download(&od)?, &want)?;
+
+    let fill = bf16::from_f32(-7.0);
+    let cw = CacheWrite::random(r, 100, 8, 40 * 16);
+    let kc = gpu.upload(&vec![fill; cw.num_slots * cw.row])?;
+    let vc = gpu.upload(&vec![fill; cw.num_slots * cw.row])?;
+    let kernel = gpu.kernel("reshape_and_cache_bf16")?;
+    launch_reshape(
+        gpu,
+        &kernel,
+        &cw,
+        &CacheWriteDevice::upload(gpu, &cw)?,
+        &kc,
+        &vc,
+    )?;
+    cw.check(&gpu.download(&kc)?, &gpu.download(&vc)?, fill)?;
+    println!("validated rms_norm_bf16 ({rows}x{HIDDEN}) and reshape_and_cache_bf16 (100 tokens)");
+    Ok(())
+}
+
+fn launch_rms_norm(
+    gpu: &Gpu,
+    k: &Kernel,
+    out: &CudaSlice<bf16>,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    rows: usize,
+) -> Result<(), GpuError> {
+    let args = [
+        ("out", gpu.ptr(out)),
+        ("input", gpu.ptr(x)),
+        ("weight", gpu.ptr(w)),
+        ("eps", Arg::F32(EPS)),
+        ("hidden", Arg::U32(w.len() as u32)),
+    ];
+    gpu.launch(k, geom::per_row(rows as u32, geom::ROW_THREADS), &args)
+}
+
+/// The new rows and slot mapping of a [`CacheWrite`] on the device.
+struct CacheWriteDevice {
+    key: CudaSlice<bf16>,
+    value: CudaSlice<bf16>,
+    slots: CudaSlice<u32>,
+}
+
+impl CacheWriteDevice {
+    fn upload(gpu: &Gpu, cw: &CacheWrite) -> Result<Self, GpuError> {
+        Ok(Self {
+            key: gpu.upload(&cw.key)?,
+            value: gpu.upload(&cw.value)?,
+            slots: gpu.upload(&cw.slots)?,
+        })
+    }
+}
+
+fn launch_reshape(
+    gpu: &Gpu,
+    k: &Kernel,
+    cw: &CacheWrite,
+    d: &CacheWriteDevice,
+    k_cache: &CudaSlice<bf16>,
+    v_cache: &CudaSlice<bf16>,
+) -> Result<(), GpuError> {
+    let row = cw.row as u32;
+    let args = [
+        ("key", gpu.ptr(&d.key)),
+        ("value", gpu.ptr(&d.value)),
+        ("k_cache", gpu.ptr(k_cache)),
+        ("v_cache", gpu.ptr(v_cache)),
+        ("slot_mapping", gpu.ptr(&d.slots)),
+        ("num_kv_heads", Arg::U32(row / D as u32)),
+        ("head_dim", Arg::U32(D as u32)),
+        ("key_stride", Arg::U32(row)),
+        ("value_stride", Arg::U32(row)),
+    ];
+    let cfg = geom::per_row(cw.slots.len() as u32, geom::ROW_THREADS);
+    gpu.launch(k, cfg, &args)
+}
+
+/// Prints one figure line.
+fn report(what: &str, ms: f64, bytes: u64, copy: f64) {
+    let bw = gbps(bytes, ms);
+    println!(
+        "{what:<44} {:>9.1} us  {:>8.1} MiB  {bw:>7.1} GB/s  ({:>5.1}% of D2D copy)",
+        ms * 1e3,
+        bytes as f64 / (1 << 20) as f64,
+        100.0 * bw / copy
+    );
+}
+
+/// Times v1, v2, rms_norm and reshape_and_cache at vLLM's shapes.
+pub fn bench(gpu: &Gpu, r: &mut BenchRng) -> Result<(), GpuError> {
+    let k = AttnKernels::load(gpu)?;
+    let p = DecodeProblem::random(r, DecodeShape::vllm());
+    let bytes = p.shape.bytes_moved();
+    let copy = gpu.copy_bandwidth(bytes as usize, ITERS)?;
+    println!(
+        "D2D copy of {:.1} MiB: {copy:.1} GB/s (read + write)",
+        bytes as f64 / (1 << 20) as f64
+    );
+    println!("decode attention, batch 8, context 4096, 64/8 heads, head 128, block 16, bf16:");
+    let mut dev = AttnDevice::upload(gpu, &p)?;
+    // Spot-check the timed launches on two (sequence, head) rows of the big shape.
+    let rows = [(0usize, 0usize), (7, 63)];
+    let want = p.reference_rows(&rows);
+    for (name, v2) in [
+        ("paged_attention_v1_bf16_h128", false),
+        ("v2 + reduce", true),
+    ] {
+        dev.poison(gpu)?;
+        let dev = &dev;
+        let step = || {
+            if v2 {
+                dev.launch_v2(gpu, &k)
+            } else {
+                dev.launch_v1(gpu, &k)
+            }
+        };
+        let ms = gpu.time(WARMUP, ITERS, step)?;
+        let out = gpu.download(&dev.out)?;
+        let got: Vec<bf16> = rows
+            .iter()
+            .flat_map(|&(s, h)| out[(s * p.shape.heads + h) * D..][..D].to_vec())
+            .collect();
+        check_close(&format!("{name} at vLLM shape"), r.seed, &got, &want)?;
+        let label = if v2 {
+            format!("paged_attention_v2 (partition {PARTITION}) + reduce")
+        } else {
+            name.to_string()
+        };
+        report(&label, ms, bytes, copy);
+    }
+    bench_rows(gpu, r, copy)
+}
+
+/// rms_norm over a 4096-token prefill chunk and reshape_and_cache of 4096 tokens.
+fn bench_rows(gpu: &Gpu, r: &mut BenchRng, copy: f64) -> Result<(), GpuError> {
+    let rows = 4096usize;
+    let (x, w) = (r.vec(rows * HIDDEN, -2.0, 2.0), r.vec(HIDDEN, 0.5, 1.5));
+    let (xd, wd) = (gpu.upload(&x)?, gpu.upload(&w)?);
+    let od = gpu.stream.alloc_zeros::<bf16>(x.len())?;
+    let kernel = gpu.kernel("rms_norm_bf16")?;
+    let ms = gpu.time(WARMUP, ITERS, || {
+        launch_rms_norm(gpu, &kernel, &od, &xd, &wd, rows)
+    })?;
+    let bytes = (2 * x.len() + w.len()) as u64 * 2;
+    report(&format!("rms_norm_bf16 {rows}x{HIDDEN}"), ms, bytes, copy);
+
+    let slots = 2048 * 16;
+    let cw = CacheWrite::random(r, rows, 8, slots);
+    let kc = gpu.stream.alloc_zeros::<bf16>(slots * cw.row)?;
+    let vc = gpu.stream.alloc_zeros::<bf16>(slots * cw.row)?;
+    let d = CacheWriteDevice::upload(gpu, &cw)?;
+    let kernel = gpu.kernel("reshape_and_cache_bf16")?;
+    let ms = gpu.time(WARMUP, ITERS, || {
+        launch_reshape(gpu, &kernel, &cw, &d, &kc, &vc)
+    })?;
+    report(
+        &format!("reshape_and_cache_bf16 {rows} tokens 8x128"),
+        ms,
+        cw.bytes_moved(),
+        copy,
+    );
+    Ok(())
+}
