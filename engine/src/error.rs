@@ -38,6 +38,9 @@ pub enum EngineError {
     /// Invalid request parameters.
     #[error("invalid request parameters: {0}")]
     InvalidParams(String),
+    /// One sampling parameter out of its range.
+    #[error("invalid parameter {param}: {reason}")]
+    InvalidParam { param: &'static str, reason: String },
     /// Invalid engine or scheduler configuration.
     #[error("invalid engine configuration: {0}")]
     InvalidConfig(String),

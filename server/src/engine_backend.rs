@@ -1,12 +1,10 @@
 //! The adapter from the real engine (`engine::EngineHandle`) to the server's
 //! [`Backend`] trait, and the construction of the engine from a loaded model.
 //!
-//! The engine's `RequestParams` covers greedy decoding (max_tokens,
-//! ignore_eos, stop_token_ids). Until it grows `n`, a request with `n > 1`
-//! is fanned out here into `n` engine requests whose streams are merged
-//! (sequence index = sub-request number). Parameters the engine does not
-//! take yet (temperature, top_p, seed, penalties, ...) are validated at the
-//! edge and not forwarded.
+//! Every sampling parameter is forwarded to the engine's `SamplingParams`.
+//! A request with `n > 1` (or `best_of`, or beam search) is one engine
+//! group whose sequences share the prompt's blocks; its outputs carry the
+//! sequence index. Top logprobs come from the engine per token.
 //!
 //! Invariant: dropping the returned stream drops every `RequestStream`,
 //! which aborts the requests in the engine and frees their blocks.
@@ -96,7 +94,8 @@ fn map_err(e: EngineError) -> BackendError {
         EngineError::EmptyPrompt
         | EngineError::PromptTooLong { .. }
         | EngineError::NeverFits { .. }
-        | EngineError::InvalidParams(_) => BackendError::InvalidRequest(e.to_string()),
+        | EngineError::InvalidParams(_)
+        | EngineError::InvalidParam { .. } => BackendError::InvalidRequest(e.to_string()),
         other => BackendError::Internal(other.to_string()),
     }
 }
@@ -109,21 +108,22 @@ fn map_reason(r: scheduler::FinishReason) -> FinishReason {
     }
 }
 
-/// One engine output as a server step; sequence `0` becomes `index`.
-fn convert(out: RequestOutput, index: usize) -> StepOutput {
+/// One engine output as a server step.
+fn convert(out: RequestOutput, n: usize) -> StepOutput {
     let seqs = out
         .seqs
         .into_iter()
         .map(|s| SeqDelta {
-            index: index + s.index,
+            index: s.index,
             tokens: s
                 .new_token_ids
                 .iter()
                 .zip(&s.new_logprobs)
-                .map(|(&token_id, &logprob)| TokenOut {
+                .enumerate()
+                .map(|(i, (&token_id, &logprob))| TokenOut {
                     token_id,
                     logprob,
-                    top_logprobs: Vec::new(),
+                    top_logprobs: s.new_top_logprobs.get(i).cloned().unwrap_or_default(),
                 })
                 .collect(),
             finish_reason: s.finish_reason.map(map_reason),
@@ -134,24 +134,25 @@ fn convert(out: RequestOutput, index: usize) -> StepOutput {
         num_cached_tokens: out.num_cached_tokens,
     };
     if out.finished && step.seqs.is_empty() {
-        // An abort notice: close sequence `index`.
-        step.seqs.push(SeqDelta {
+        // An abort notice: close every sequence.
+        step.seqs.extend((0..n).map(|index| SeqDelta {
             index,
             tokens: Vec::new(),
             finish_reason: Some(FinishReason::Abort),
-        });
+        }));
     }
     step
 }
 
-/// The request's outputs until (and including) the finished one.
-fn output_stream(rs: RequestStream, index: usize) -> OutputStream {
+/// The request's outputs until (and including) the finished one (`n`:
+/// the request's returned sequences).
+fn output_stream(rs: RequestStream, n: usize) -> OutputStream {
     futures_util::stream::unfold(Some(rs), move |state| async move {
         let mut rs = state?;
         match rs.recv().await? {
             Ok(out) => {
                 let finished = out.finished;
-                let step = convert(out, index);
+                let step = convert(out, n);
                 Some((Ok(step), (!finished).then_some(rs)))
             }
             Err(e) => Some((Err(map_err(e)), None)),
@@ -165,6 +166,27 @@ fn engine_params(p: &SamplingParams) -> RequestParams {
         max_tokens: Some(p.max_tokens),
         ignore_eos: p.ignore_eos,
         stop_token_ids: p.stop_token_ids.clone(),
+        sampling: engine::sampler::SamplingParams {
+            n: p.n.max(1),
+            best_of: Some(p.best_of.max(p.n).max(1)),
+            temperature: if p.use_beam_search {
+                0.0
+            } else {
+                p.temperature
+            },
+            top_p: p.top_p,
+            top_k: p.top_k,
+            min_p: p.min_p,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            repetition_penalty: p.repetition_penalty,
+            seed: p.seed,
+            min_tokens: p.min_tokens,
+            logprobs: p.logprobs,
+            use_beam_search: p.use_beam_search,
+            length_penalty: p.length_penalty,
+            early_stopping: false,
+        },
         ..RequestParams::default()
     }
 }
@@ -172,20 +194,11 @@ fn engine_params(p: &SamplingParams) -> RequestParams {
 impl Backend for EngineBackend {
     fn submit(&self, req: EngineRequest) -> Result<OutputStream, BackendError> {
         let params = engine_params(&req.params);
-        let mut streams = Vec::with_capacity(req.params.n);
-        for j in 0..req.params.n.max(1) {
-            let rs = self
-                .handle
-                .add_request(req.prompt_token_ids.clone(), params.clone())
-                .map_err(map_err)?;
-            streams.push(output_stream(rs, j));
-        }
-        if streams.len() == 1 {
-            return streams
-                .pop()
-                .ok_or(BackendError::Internal("no stream".into()));
-        }
-        Ok(futures_util::stream::select_all(streams).boxed())
+        let rs = self
+            .handle
+            .add_request(req.prompt_token_ids, params)
+            .map_err(map_err)?;
+        Ok(output_stream(rs, req.params.n.max(1)))
     }
 
     fn stats(&self) -> BackendStats {

@@ -8,22 +8,23 @@
 //! - an executor failure aborts (and frees) every request it touched, and the
 //!   loop keeps serving the others.
 //!
-//! Cost per step: the scheduler's, the forward pass, and O(rows x vocab)
-//! greedy sampling.
+//! Cost per step: the scheduler's, the forward pass, and the sampler's
+//! O(rows x vocab) (see `postprocess` for forks, best_of and beam search).
 
+mod beam;
 mod handle;
 mod output;
+mod postprocess;
 
 pub use handle::{EngineHandle, HandleConfig, RequestStream, ShutdownMode};
 pub use output::{RequestOutput, SeqOutput};
 
 use crate::error::EngineError;
-use crate::executor::{Executor, Logits};
+use crate::executor::Executor;
 use crate::kv::{KvCacheManager, KvStats};
-use crate::sampler::Sampler;
 use crate::scheduler::{
-    FinishReason, RequestId, RequestParams, SampleTarget, Scheduler, SchedulerConfig,
-    SchedulerOutput, SchedulerStats,
+    FinishReason, RequestId, RequestParams, Scheduler, SchedulerConfig, SchedulerOutput,
+    SchedulerStats,
 };
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -58,7 +59,6 @@ pub struct LlmEngine {
     scheduler: Scheduler,
     kv: Box<dyn KvCacheManager>,
     executor: Box<dyn Executor>,
-    sampler: Sampler,
     eos_token_ids: Vec<u32>,
     timings: StepTimings,
 }
@@ -89,7 +89,6 @@ impl LlmEngine {
             scheduler: Scheduler::new(config.scheduler)?,
             kv,
             executor,
-            sampler: Sampler,
             eos_token_ids: config.eos_token_ids,
             timings: StepTimings::default(),
         })
@@ -173,48 +172,6 @@ impl LlmEngine {
         self.timings.postprocess += t3 - t2;
         self.timings.steps += 1;
         outs.list
-    }
-
-    /// Samples each row, appends the token and finishes what must finish.
-    fn apply_logits(&mut self, targets: &[SampleTarget], logits: &Logits, outs: &mut Outputs) {
-        let max_model_len = self.scheduler.config().max_model_len;
-        let sampled_rows = self.sampler.greedy_rows(logits);
-        for (target, sampled) in targets.iter().zip(sampled_rows) {
-            let Some(group) = self.scheduler.group_mut(target.request_id) else {
-                continue;
-            };
-            let cached = group.num_cached_tokens;
-            let params = &group.params;
-            let Some(seq) = group.seqs.get_mut(target.seq_index) else {
-                continue;
-            };
-            seq.tokens.push(sampled.token);
-            seq.output_logprobs.push(sampled.logprob);
-            let reason = finish_reason(
-                params,
-                &self.eos_token_ids,
-                sampled.token,
-                seq.output_tokens().len(),
-                seq.tokens.len(),
-                max_model_len,
-            );
-            let out = outs.get(target.request_id);
-            out.num_cached_tokens = cached;
-            let so = out.seq_mut(target.seq_index);
-            so.new_token_ids.push(sampled.token);
-            so.new_logprobs.push(sampled.logprob);
-            so.finish_reason = reason;
-            if let Some(reason) = reason {
-                let done = self.scheduler.finish_seq(
-                    self.kv.as_mut(),
-                    target.request_id,
-                    target.seq_index,
-                    reason,
-                );
-                outs.get(target.request_id).finished = done.is_some();
-            }
-        }
-        self.scheduler.record_generated(targets.len());
     }
 
     /// Aborts every request the failed step touched.

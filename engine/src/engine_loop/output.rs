@@ -11,6 +11,9 @@ pub struct SeqOutput {
     pub new_token_ids: Vec<u32>,
     /// Logprob of each new token.
     pub new_logprobs: Vec<f32>,
+    /// Top alternatives of each new token, best first (empty unless the
+    /// request asked for `logprobs`).
+    pub new_top_logprobs: Vec<Vec<(u32, f32)>>,
     /// Set on the sequence's last output.
     pub finish_reason: Option<FinishReason>,
 }
@@ -56,6 +59,7 @@ impl RequestOutput {
                     index,
                     new_token_ids: Vec::new(),
                     new_logprobs: Vec::new(),
+                    new_top_logprobs: Vec::new(),
                     finish_reason: None,
                 });
                 self.seqs.len() - 1

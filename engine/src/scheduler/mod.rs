@@ -28,6 +28,7 @@
 mod batch;
 mod budget;
 mod config;
+mod group_ops;
 mod phases;
 mod sequence;
 
@@ -35,7 +36,8 @@ pub use batch::SampleTarget;
 pub use budget::StepBudget;
 pub use config::{PreemptionMode, SchedulerConfig};
 pub use sequence::{
-    FinishReason, QueueKey, RequestId, RequestParams, SeqStatus, Sequence, SequenceGroup,
+    FinishReason, Hypothesis, QueueKey, RequestId, RequestParams, SeqStatus, Sequence,
+    SequenceGroup,
 };
 
 use crate::error::EngineError;
@@ -132,12 +134,15 @@ impl Scheduler {
         validate_request(&self.config, capacity_tokens, &prompt, &params)?;
         let seq = Sequence::new(SeqId(self.next_seq), prompt);
         self.next_seq += 1;
+        let seed = params.sampling.seed.unwrap_or_else(rand::random);
         let group = SequenceGroup {
             request_id,
             seqs: vec![seq],
             params,
             arrival: self.next_arrival,
             num_cached_tokens: 0,
+            seed,
+            hypotheses: Vec::new(),
         };
         self.check_admissible_at_full_length(kv, &group)?;
         self.next_arrival += 1;
@@ -166,7 +171,7 @@ impl Scheduler {
             max_total_tokens: max_total,
             oracle_total_tokens: None,
         };
-        if kv.can_admit(&probe, group.seqs.len(), hint) == AdmitDecision::Never {
+        if kv.can_admit(&probe, group.expected_seqs(), hint) == AdmitDecision::Never {
             return Err(EngineError::NeverFits {
                 needed_tokens: probe.len(),
                 capacity_tokens: kv.stats().total_blocks * kv.block_size(),
@@ -295,6 +300,7 @@ pub fn validate_request(
             "max_tokens must be at least 1".into(),
         ));
     }
+    params.sampling.validate(params.max_tokens)?;
     let max_model_len = config.max_model_len;
     if prompt.len() >= max_model_len {
         return Err(EngineError::PromptTooLong {

@@ -117,7 +117,7 @@ impl Scheduler {
             let Some(group) = self.groups.get(&key.id) else {
                 continue;
             };
-            let num_seqs = group.num_unfinished();
+            let num_seqs = group.expected_seqs();
             if !step.budget.has_seq_room(num_seqs) {
                 break;
             }

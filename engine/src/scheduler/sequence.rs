@@ -12,6 +12,7 @@
 //! recomputation after preemption are all the same catch-up.
 
 use crate::kv::SeqId;
+use crate::sampler::SamplingParams;
 use std::fmt;
 
 /// The caller's name for a request.
@@ -48,9 +49,9 @@ pub enum SeqStatus {
     Finished(FinishReason),
 }
 
-/// Per-request generation parameters the scheduler and the greedy sampler
-/// need. The sampling issue extends this (temperature, top_p, n, ...).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Per-request generation parameters: stopping rules and priority here,
+/// how tokens are chosen in [`SamplingParams`].
+#[derive(Debug, Clone, PartialEq)]
 pub struct RequestParams {
     /// Most generated tokens (`None`: up to `max_model_len`).
     pub max_tokens: Option<usize>,
@@ -60,6 +61,8 @@ pub struct RequestParams {
     pub stop_token_ids: Vec<u32>,
     /// Lower is served first (vLLM's convention); ties go FCFS.
     pub priority: i32,
+    /// Temperature, top-k/p, penalties, seed, n, best_of, beam search, ...
+    pub sampling: SamplingParams,
 }
 
 impl Default for RequestParams {
@@ -69,6 +72,7 @@ impl Default for RequestParams {
             ignore_eos: false,
             stop_token_ids: Vec::new(),
             priority: 0,
+            sampling: SamplingParams::default(),
         }
     }
 }
@@ -84,6 +88,11 @@ pub struct Sequence {
     pub num_computed_tokens: usize,
     /// Logprob of each generated token, in order.
     pub output_logprobs: Vec<f32>,
+    /// Top alternatives of each generated token (empty lists unless asked).
+    pub output_top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// Beam search: this beam's next-token candidates, waiting for the
+    /// group's other beams to catch up.
+    pub beam_candidates: Option<Vec<(u32, f32)>>,
     pub status: SeqStatus,
 }
 
@@ -95,6 +104,8 @@ impl Sequence {
             tokens: prompt,
             num_computed_tokens: 0,
             output_logprobs: Vec::new(),
+            output_top_logprobs: Vec::new(),
+            beam_candidates: None,
             status: SeqStatus::Waiting,
         }
     }
@@ -107,6 +118,11 @@ impl Sequence {
     /// Tokens not yet computed (the next step's work).
     pub fn num_uncomputed(&self) -> usize {
         self.tokens.len() - self.num_computed_tokens
+    }
+
+    /// Sum of the generated tokens' logprobs.
+    pub fn cumulative_logprob(&self) -> f64 {
+        self.output_logprobs.iter().map(|&l| f64::from(l)).sum()
     }
 
     /// True once a reason to stop was recorded.
@@ -130,6 +146,21 @@ pub struct SequenceGroup {
     pub arrival: u64,
     /// Tokens found in the prefix cache at the last admission.
     pub num_cached_tokens: usize,
+    /// The seed of every draw of this group (the request's, or random).
+    pub seed: u64,
+    /// Beam search: finished hypotheses, kept apart from the live beams.
+    pub hypotheses: Vec<Hypothesis>,
+}
+
+/// A finished beam-search hypothesis.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hypothesis {
+    pub output_tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// Cumulative logprob over length ^ length_penalty.
+    pub score: f64,
+    pub reason: FinishReason,
 }
 
 impl SequenceGroup {
@@ -167,6 +198,17 @@ impl SequenceGroup {
     /// Whether every sequence has finished.
     pub fn is_finished(&self) -> bool {
         self.seqs.iter().all(Sequence::is_finished)
+    }
+
+    /// Sequences the group will hold once forked: its width before the first
+    /// token is sampled, then its unfinished count.
+    pub fn expected_seqs(&self) -> usize {
+        let started = self.seqs.iter().any(|s| s.tokens.len() > s.prompt_len);
+        if started || self.seqs.len() != 1 {
+            self.num_unfinished()
+        } else {
+            self.params.sampling.width()
+        }
     }
 
     /// Upper bound on one sequence's total length under `max_model_len`.

@@ -1,12 +1,18 @@
-//! Turning a logits row into a token: greedy for now.
+//! Turning a logits row into a token.
 //!
-//! The sampling issue extends [`Sampler`] (temperature, top-k/p, penalties,
-//! seeded generators) behind the same call: one logits row in, one
-//! [`Sampled`] token with its logprob out.
+//! [`Sampler::greedy`] is the fast path (argmax); [`sample_row`] applies a
+//! request's [`SamplingParams`] (penalties, temperature, top-k / top-p /
+//! min-p, seeded draw, top logprobs); [`params`] validates them.
 //!
 //! Invariants: ties go to the lowest token id; NaN logits are never chosen
 //! (a row of only NaN yields token 0 with logprob NaN); the logprob is
 //! `logit - logsumexp(row)` over the finite logits. Cost: O(vocab) per row.
+
+pub mod ops;
+pub mod params;
+
+pub use ops::{sample_row, top_logprobs, uniform, SampleOut, SeqContext};
+pub use params::{SamplingParams, MAX_LOGPROBS};
 
 /// One chosen token.
 #[derive(Debug, Clone, Copy, PartialEq)]

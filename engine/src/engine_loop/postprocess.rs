@@ -1,0 +1,265 @@
+//! From logits rows to appended tokens: draws (in parallel over rows), forks
+//! of parallel-sampling groups after their prompt, beam-search steps, finish
+//! checks and outputs.
+//!
+//! Invariants:
+//! - a group of width `w > 1` (n / best_of) forks after its prompt's logits
+//!   row: the prompt is computed once, the `w` first tokens are `w` draws
+//!   from that one row with streams `0..w`, and the children share the
+//!   prompt's blocks;
+//! - a group that returns the best `n` of more (best_of > n, beam search)
+//!   reports nothing until it finishes, then every chosen sequence whole;
+//!   other groups stream each token in the step it is drawn.
+//!
+//! Cost: O(rows x vocab) for the draws (see `sampler::ops`), plus
+//! O(width x candidates) per beam group.
+
+use super::{finish_reason, LlmEngine, Outputs};
+use crate::executor::Logits;
+use crate::sampler::{sample_row, top_logprobs, SampleOut, SeqContext};
+use crate::scheduler::{FinishReason, RequestId, SampleTarget, SequenceGroup};
+use std::collections::HashMap;
+
+/// One draw: which row, which group, which sequence (maybe a fork-to-be).
+#[derive(Debug, Clone, Copy)]
+struct Draw {
+    row: usize,
+    request_id: RequestId,
+    seq_index: usize,
+}
+
+impl LlmEngine {
+    /// Samples each row, appends the token and finishes what must finish.
+    pub(super) fn apply_logits(
+        &mut self,
+        targets: &[SampleTarget],
+        logits: &Logits,
+        outs: &mut Outputs,
+    ) {
+        let (draws, beam_rows) = self.plan_draws(targets);
+        let sampled = self.run_draws(&draws, logits);
+        self.fork_groups(&draws, outs);
+        for (draw, s) in draws.iter().zip(sampled) {
+            self.append_sampled(*draw, s, outs);
+        }
+        self.apply_beam_rows(&beam_rows, logits, outs);
+        self.scheduler
+            .record_generated(draws.len() + beam_rows.len());
+    }
+
+    /// Splits rows into draws (one per sequence, `width` for a group about
+    /// to fork) and beam rows.
+    fn plan_draws(&self, targets: &[SampleTarget]) -> (Vec<Draw>, Vec<(usize, SampleTarget)>) {
+        let mut draws = Vec::with_capacity(targets.len());
+        let mut beams = Vec::new();
+        for (row, t) in targets.iter().enumerate() {
+            let Some(g) = self.scheduler.group(t.request_id) else {
+                continue;
+            };
+            if g.params.sampling.use_beam_search {
+                beams.push((row, *t));
+            } else if needs_fork(g) {
+                draws.extend((0..g.params.sampling.width()).map(|seq_index| Draw {
+                    row,
+                    request_id: t.request_id,
+                    seq_index,
+                }));
+            } else {
+                draws.push(Draw {
+                    row,
+                    request_id: t.request_id,
+                    seq_index: t.seq_index,
+                });
+            }
+        }
+        (draws, beams)
+    }
+
+    /// Runs the draws, in parallel when there are several. A draw for a
+    /// fork-to-be uses the parent's history and its own stream.
+    fn run_draws(&self, draws: &[Draw], logits: &Logits) -> Vec<Option<SampleOut>> {
+        use rayon::prelude::*;
+        let stops: HashMap<RequestId, Vec<u32>> = draws
+            .iter()
+            .filter_map(|d| {
+                self.scheduler
+                    .group(d.request_id)
+                    .map(|g| (d.request_id, g))
+            })
+            .map(|(id, g)| (id, self.stop_ids(g)))
+            .collect();
+        let ctx = |d: &Draw| -> Option<SeqContext<'_>> {
+            let g = self.scheduler.group(d.request_id)?;
+            let seq = g.seqs.get(d.seq_index).or_else(|| g.seqs.first())?;
+            Some(SeqContext {
+                params: &g.params.sampling,
+                tokens: &seq.tokens,
+                prompt_len: seq.prompt_len,
+                seed: g.seed,
+                seq_index: d.seq_index,
+                stop_ids: stops.get(&d.request_id).map_or(&[], Vec::as_slice),
+            })
+        };
+        let work: Vec<Option<(usize, SeqContext<'_>)>> =
+            draws.iter().map(|d| ctx(d).map(|c| (d.row, c))).collect();
+        let one = |w: &Option<(usize, SeqContext<'_>)>| {
+            w.as_ref().map(|(row, c)| sample_row(logits.row(*row), c))
+        };
+        if work.len() < 2 {
+            work.iter().map(one).collect()
+        } else {
+            work.par_iter().map(one).collect()
+        }
+    }
+
+    /// EOS (unless ignored) and the request's stop token ids.
+    fn stop_ids(&self, g: &SequenceGroup) -> Vec<u32> {
+        let mut ids = g.params.stop_token_ids.clone();
+        if !g.params.ignore_eos {
+            ids.extend_from_slice(&self.eos_token_ids);
+        }
+        ids
+    }
+
+    /// Creates the children of groups whose prompt row was just drawn.
+    fn fork_groups(&mut self, draws: &[Draw], outs: &mut Outputs) {
+        for d in draws.iter().filter(|d| d.seq_index > 0) {
+            let Some(g) = self.scheduler.group(d.request_id) else {
+                continue;
+            };
+            // Children are created in index order; later steps' draws of
+            // existing sequences are skipped here.
+            if g.seqs.len() != d.seq_index {
+                continue;
+            }
+            if let Err(e) = self.scheduler.fork_seq(self.kv.as_mut(), d.request_id, 0) {
+                if self
+                    .scheduler
+                    .abort(self.kv.as_mut(), d.request_id)
+                    .is_some()
+                {
+                    outs.push_failed(d.request_id, e);
+                }
+            }
+        }
+    }
+
+    /// Appends one drawn token, reports it (unless buffered) and finishes
+    /// the sequence when a stop rule says so.
+    fn append_sampled(&mut self, d: Draw, s: Option<SampleOut>, outs: &mut Outputs) {
+        let Some(s) = s else {
+            return;
+        };
+        let max_model_len = self.scheduler.config().max_model_len;
+        let Some(group) = self.scheduler.group_mut(d.request_id) else {
+            return;
+        };
+        let cached = group.num_cached_tokens;
+        let buffered = group.params.sampling.buffers_output();
+        let min_tokens = group.params.sampling.min_tokens;
+        let params = &group.params;
+        let Some(seq) = group.seqs.get_mut(d.seq_index) else {
+            return;
+        };
+        seq.tokens.push(s.token);
+        seq.output_logprobs.push(s.logprob);
+        seq.output_top_logprobs.push(s.top_logprobs.clone());
+        let out_len = seq.output_tokens().len();
+        let reason = finish_reason(
+            params,
+            &self.eos_token_ids,
+            s.token,
+            out_len,
+            seq.tokens.len(),
+            max_model_len,
+        )
+        .filter(|r| *r != FinishReason::Stop || out_len >= min_tokens);
+        if !buffered {
+            let out = outs.get(d.request_id);
+            out.num_cached_tokens = cached;
+            let so = out.seq_mut(d.seq_index);
+            so.new_token_ids.push(s.token);
+            so.new_logprobs.push(s.logprob);
+            so.new_top_logprobs.push(s.top_logprobs);
+            so.finish_reason = reason;
+        }
+        let Some(reason) = reason else {
+            return;
+        };
+        let done = self
+            .scheduler
+            .finish_seq(self.kv.as_mut(), d.request_id, d.seq_index, reason);
+        if let Some(group) = done {
+            if buffered {
+                *outs.get(d.request_id) = best_of_output(&group);
+            }
+            outs.get(d.request_id).finished = true;
+        }
+    }
+
+    /// Stores each beam's candidates; runs the beam step of every group
+    /// whose live beams all have theirs.
+    fn apply_beam_rows(
+        &mut self,
+        rows: &[(usize, SampleTarget)],
+        logits: &Logits,
+        outs: &mut Outputs,
+    ) {
+        let mut touched = Vec::new();
+        for &(row, t) in rows {
+            let Some(g) = self.scheduler.group_mut(t.request_id) else {
+                continue;
+            };
+            let k = (2 * g.params.sampling.width()).max(g.params.sampling.logprobs.unwrap_or(0));
+            if let Some(seq) = g.seqs.get_mut(t.seq_index) {
+                seq.beam_candidates = Some(top_logprobs(logits.row(row), k));
+            }
+            if !touched.contains(&t.request_id) {
+                touched.push(t.request_id);
+            }
+        }
+        for id in touched {
+            let eos = self.eos_token_ids.clone();
+            if let Some(group) = super::beam::step(&mut self.scheduler, self.kv.as_mut(), id, &eos)
+            {
+                *outs.get(id) = super::beam::final_output(&group);
+                outs.get(id).finished = true;
+            }
+        }
+    }
+}
+
+/// A group of width > 1 that has not drawn its first token yet.
+fn needs_fork(g: &SequenceGroup) -> bool {
+    g.params.sampling.width() > 1
+        && g.seqs.len() == 1
+        && g.seqs.iter().all(|s| s.tokens.len() == s.prompt_len)
+}
+
+/// The best `n` finished sequences by cumulative logprob, whole.
+fn best_of_output(group: &SequenceGroup) -> crate::RequestOutput {
+    let mut order: Vec<usize> = (0..group.seqs.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (ca, cb) = (
+            group.seqs[a].cumulative_logprob(),
+            group.seqs[b].cumulative_logprob(),
+        );
+        cb.partial_cmp(&ca)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
+    let mut out = crate::RequestOutput::new(group.request_id);
+    out.num_cached_tokens = group.num_cached_tokens;
+    for (rank, &i) in order.iter().take(group.params.sampling.n).enumerate() {
+        let seq = &group.seqs[i];
+        let so = out.seq_mut(rank);
+        so.new_token_ids = seq.output_tokens().to_vec();
+        so.new_logprobs = seq.output_logprobs.clone();
+        so.new_top_logprobs = seq.output_top_logprobs.clone();
+        so.finish_reason = match seq.status {
+            crate::scheduler::SeqStatus::Finished(r) => Some(r),
+            _ => None,
+        };
+    }
+    out
+}
