@@ -3,13 +3,13 @@
 //!
 //! Invariant: this crate knows no HTTP and no JSON.
 
+pub mod engine_loop;
+pub mod error;
 pub mod executor;
 pub mod kv;
 pub mod model;
-pub mod scheduler;
-pub mod engine_loop;
-pub mod error;
 pub mod sampler;
+pub mod scheduler;
 
 pub use engine_loop::{EngineConfig, EngineHandle, LlmEngine, RequestOutput, RequestStream};
 pub use error::EngineError;

@@ -37,7 +37,9 @@ pub struct Golden {
 
 /// Path of a committed fixture.
 pub fn fixture_path(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
 }
 
 /// Reads and parses a golden fixture.
@@ -50,7 +52,11 @@ pub fn load_golden(name: &str) -> Golden {
 /// The default model, or a panic telling what to run.
 pub fn default_model_path() -> PathBuf {
     let p = model_loader::paths::default_model_path();
-    assert!(p.is_file(), "{} is missing: run `cargo xtask fetch-model`", p.display());
+    assert!(
+        p.is_file(),
+        "{} is missing: run `cargo xtask fetch-model`",
+        p.display()
+    );
     p
 }
 
@@ -73,13 +79,29 @@ pub fn log_softmax(row: &[f32]) -> Vec<f64> {
 /// Greedy-decodes every prompt for `new_tokens` steps, all prompts in one
 /// batch per step (never stopping at EOS, as the fixtures do), through the
 /// executor's paged KV cache with a fixed contiguous block layout.
-pub fn greedy_batch<E: Executor>(exec: &mut E, prompts: &[Vec<u32>], new_tokens: usize) -> Vec<Decoded> {
+pub fn greedy_batch<E: Executor>(
+    exec: &mut E,
+    prompts: &[Vec<u32>],
+    new_tokens: usize,
+) -> Vec<Decoded> {
     let bs = exec.block_size();
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + new_tokens;
-    let layout = ContiguousLayout { block_size: bs, blocks_per_seq: longest.div_ceil(bs) };
-    assert!(layout.blocks_per_seq * prompts.len() <= exec.num_blocks().0, "KV pool too small");
+    let layout = ContiguousLayout {
+        block_size: bs,
+        blocks_per_seq: longest.div_ceil(bs),
+    };
+    assert!(
+        layout.blocks_per_seq * prompts.len() <= exec.num_blocks().0,
+        "KV pool too small"
+    );
     let ops = BlockOps::default();
-    let mut out: Vec<Decoded> = prompts.iter().map(|_| Decoded { ids: vec![], logprobs: vec![] }).collect();
+    let mut out: Vec<Decoded> = prompts
+        .iter()
+        .map(|_| Decoded {
+            ids: vec![],
+            logprobs: vec![],
+        })
+        .collect();
     let mut past = vec![0usize; prompts.len()];
     let mut pending: Vec<Vec<u32>> = prompts.to_vec();
     for _ in 0..new_tokens {

@@ -11,7 +11,10 @@ fn check_layout(path: &Path) {
     let golden = load_golden("tiny_golden.json");
     let loaded = model_loader::load_model(path).expect("load tiny model");
     for case in &golden.cases {
-        let ids = loaded.tokenizer.encode(&case.rendered, false).expect("encode");
+        let ids = loaded
+            .tokenizer
+            .encode(&case.rendered, false)
+            .expect("encode");
         assert_eq!(ids, case.prompt_ids, "tokenizer of {}", path.display());
     }
     let model = LlamaModel::new(loaded.config, loaded.weights).expect("build model");
@@ -24,13 +27,19 @@ fn check_layout(path: &Path) {
         .zip(&ours)
         .filter_map(|(case, got)| compare_with_golden(case, got, 1e-3).err())
         .collect();
-    assert!(failures.is_empty(), "{}: {}", path.display(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{}: {}",
+        path.display(),
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn tiny_model_matches_transformers_from_both_layouts() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let files = model_loader::tiny::write_tiny_model_from(&default_model_path(), dir.path()).expect("generate");
+    let files = model_loader::tiny::write_tiny_model_from(&default_model_path(), dir.path())
+        .expect("generate");
     check_layout(&files.gguf);
     check_layout(&files.hf_dir);
 }

@@ -7,12 +7,25 @@ use model_loader::{ChatMessage, Tokenizer};
 
 fn check(tok: &Tokenizer, what: &str) {
     let golden = load_golden("smollm2_golden.json");
-    let mut cases: Vec<(&str, &[u32])> = golden.tokenizer.iter().map(|c| (c.text.as_str(), c.ids.as_slice())).collect();
-    cases.extend(golden.cases.iter().map(|c| (c.rendered.as_str(), c.prompt_ids.as_slice())));
+    let mut cases: Vec<(&str, &[u32])> = golden
+        .tokenizer
+        .iter()
+        .map(|c| (c.text.as_str(), c.ids.as_slice()))
+        .collect();
+    cases.extend(
+        golden
+            .cases
+            .iter()
+            .map(|c| (c.rendered.as_str(), c.prompt_ids.as_slice())),
+    );
     for (text, want) in cases {
-        let got = tok.encode(text, false).unwrap_or_else(|e| panic!("{what}: encode {text:?}: {e}"));
+        let got = tok
+            .encode(text, false)
+            .unwrap_or_else(|e| panic!("{what}: encode {text:?}: {e}"));
         assert_eq!(got, want, "{what}: ids for {text:?}");
-        let back = tok.decode(&got, false).unwrap_or_else(|e| panic!("{what}: decode: {e}"));
+        let back = tok
+            .decode(&got, false)
+            .unwrap_or_else(|e| panic!("{what}: decode: {e}"));
         assert_eq!(back, text, "{what}: round trip");
     }
 }
@@ -39,7 +52,9 @@ fn chat_template_matches_reference() {
     let tmpl = info.chat_template.expect("template");
     let golden = load_golden("smollm2_golden.json");
     for case in golden.cases.iter().filter(|c| c.chat) {
-        let got = tmpl.render(&[ChatMessage::new("user", case.text.clone())], true).expect("render");
+        let got = tmpl
+            .render(&[ChatMessage::new("user", case.text.clone())], true)
+            .expect("render");
         assert_eq!(got, case.rendered);
     }
 }

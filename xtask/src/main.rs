@@ -5,14 +5,17 @@ mod bench_serve;
 mod fetch_data;
 mod fetch_model;
 mod plot;
-mod workloads;
 mod ptx;
 mod tiny_model;
+mod workloads;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "xtask", about = "Project tasks: fetching models, generating test models, building PTX")]
+#[command(
+    name = "xtask",
+    about = "Project tasks: fetching models, generating test models, building PTX"
+)]
 struct Cli {
     #[command(subcommand)]
     task: Task,
