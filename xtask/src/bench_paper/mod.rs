@@ -10,6 +10,7 @@
 
 mod drivers;
 mod hint;
+mod sharing;
 mod table;
 
 use crate::bench_serve::arrival_offsets;
@@ -61,6 +62,19 @@ pub struct Args {
     pub step_token_ms: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Prompts per workload (ShareGPT, Alpaca-like) of the parallel-sampling /
+    /// beam-search memory runs (always the real model; 0 skips them).
+    #[arg(long, default_value_t = 4)]
+    pub sharing_prompts: usize,
+    /// Group sizes of those runs: n of parallel sampling and beam width.
+    #[arg(long, default_value = "2,4,6")]
+    pub sharing_widths: String,
+    /// Longest prompt (tokens) taken into those runs; longer ones are skipped.
+    #[arg(long, default_value_t = 512)]
+    pub sharing_max_prompt: usize,
+    /// Runs only the parallel-sampling / beam-search memory section.
+    #[arg(long)]
+    pub sharing_only: bool,
     /// Markdown table output (default: bench-paper[-sim].md); the plot goes next to it as .svg.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -186,6 +200,18 @@ pub fn run(args: Args) -> Result<()> {
         prefix_caching,
         max_model_len: s.sched.max_model_len,
     };
+    let sharing_rows = run_sharing(&args, &s, &tok)?;
+    if args.sharing_only {
+        let md = table::render_sharing(&sharing_rows);
+        print!("{md}");
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("bench-paper-sharing.md"));
+        write(&out, &md)?;
+        eprintln!("wrote {}", out.display());
+        return Ok(());
+    }
     let items = workloads::load(Dataset::Sharegpt, &s.model, s.n, args.seed)?;
     let trace = tokenize(&tok, &items, s.rate, args.seed, s.max_output)?;
     let mut fixed = Vec::new();
@@ -232,6 +258,7 @@ pub fn run(args: Args) -> Result<()> {
             fixed: &fixed,
             prefix: &prefix,
             curves: &curves,
+            sharing: &sharing_rows,
         },
     );
     print!("{md}");
@@ -261,6 +288,63 @@ pub fn run(args: Args) -> Result<()> {
         out.with_extension("svg").display()
     );
     Ok(())
+}
+
+/// The parallel-sampling / beam-search memory runs on both workloads (real
+/// model, outputs capped at `--max-output`, default 64, in both modes).
+fn run_sharing(args: &Args, s: &Setup, tok: &Tokenizer) -> Result<Vec<sharing::Row>> {
+    if args.sharing_prompts == 0 {
+        return Ok(Vec::new());
+    }
+    let widths: Vec<usize> = args
+        .sharing_widths
+        .split(',')
+        .map(|w| {
+            w.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&k| k >= 1)
+                .with_context(|| format!("bad sharing width {w:?}"))
+        })
+        .collect::<Result<_>>()?;
+    let cap = s.max_output.unwrap_or(64);
+    let loaded = model_loader::load_model(&s.model)
+        .with_context(|| format!("loading {}", s.model.display()))?;
+    let model = sharing::Model {
+        eos: loaded.tokenizer.eos_token_ids().to_vec(),
+        config: loaded.config,
+        weights: loaded.weights,
+    };
+    let max_model_len = args.sharing_max_prompt + cap;
+    let mut rows = Vec::new();
+    for (name, ds) in [
+        ("ShareGPT", Dataset::Sharegpt),
+        ("Alpaca-like", Dataset::Alpaca),
+    ] {
+        // Draw extra items so that skipping long prompts still leaves enough.
+        let items = workloads::load(ds, &s.model, args.sharing_prompts * 4, args.seed)
+            .or_else(|_| workloads::load(ds, &s.model, args.sharing_prompts, args.seed))?;
+        let mut trace = tokenize(tok, &items, f64::INFINITY, args.seed, Some(cap))?;
+        trace.retain(|r| r.prompt.len() <= args.sharing_max_prompt && r.output_len >= 1);
+        trace.truncate(args.sharing_prompts);
+        for mode in sharing::Mode::ALL {
+            for &k in &widths {
+                eprintln!("sharing: {name}, {} k={k}", mode.name());
+                let row = sharing::measure_row(
+                    &model,
+                    name,
+                    &trace,
+                    mode,
+                    k,
+                    args.block_size,
+                    max_model_len,
+                )?;
+                eprintln!("{}", table::sharing_line(&row));
+                rows.push(row);
+            }
+        }
+    }
+    Ok(rows)
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {

@@ -2,6 +2,7 @@
 
 use super::drivers::RunStats;
 use super::hint::Policy;
+use super::sharing::{self, Mode, Row};
 use crate::plot::Series;
 use std::fmt::Write;
 
@@ -15,6 +16,8 @@ pub struct Inputs<'a> {
     /// (shots, caching off, caching on).
     pub prefix: &'a [(usize, RunStats, RunStats)],
     pub curves: &'a [Series],
+    /// Parallel-sampling / beam-search memory rows.
+    pub sharing: &'a [Row],
 }
 
 fn ratio(a: f64, b: f64) -> String {
@@ -93,7 +96,7 @@ pub fn render(mode: &str, i: &Inputs) -> String {
             if *shots == 1 { "1.67x" } else { "3.58x" }
         );
     }
-    let _ = writeln!(s, "| memory saving, parallel sampling / beam search | see issue 5 | Alpaca 6.1-9.8% / 37.6-55.2%; ShareGPT 16.2-30.5% / 44.3-66.3% |");
+    s.push_str(&sharing_figures(i.sharing));
     for (p, r) in i.fixed {
         if let Some(e) = &r.first_refusal {
             let _ = writeln!(
@@ -103,6 +106,10 @@ pub fn render(mode: &str, i: &Inputs) -> String {
                 r.refused
             );
         }
+    }
+    if !i.sharing.is_empty() {
+        s.push('\n');
+        s.push_str(&render_sharing(i.sharing));
     }
     let _ = writeln!(s, "\nNormalized latency (s/token) vs request rate:\n");
     let rates: Vec<f64> = i
@@ -123,4 +130,105 @@ pub fn render(mode: &str, i: &Inputs) -> String {
         let _ = writeln!(s);
     }
     s
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or("n/a".into(), |v| format!("{:.1}%", 100.0 * v))
+}
+
+/// Range "lo-hi%" of the time-averaged savings of `rows`; `None` if empty.
+pub fn saving_range<'a>(rows: impl Iterator<Item = &'a Row>) -> Option<String> {
+    let v: Vec<f64> = rows.filter_map(Row::avg_saving).collect();
+    if v.is_empty() {
+        return None;
+    }
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some(format!("{:.1}-{:.1}%", 100.0 * lo, 100.0 * hi))
+}
+
+/// Rows of the figures table: our saving range beside the paper's, per
+/// workload and mode.
+fn sharing_figures(rows: &[Row]) -> String {
+    let mut s = String::new();
+    if rows.is_empty() {
+        let _ = writeln!(s, "| memory saving, parallel sampling / beam search | not run | Alpaca 6.1-9.8% / 37.6-55.2%; ShareGPT 16.2-30.5% / 44.3-66.3% |");
+        return s;
+    }
+    for w in ["ShareGPT", "Alpaca-like"] {
+        for m in Mode::ALL {
+            if let Some(r) = saving_range(rows.iter().filter(|r| r.workload == w && r.mode == m)) {
+                let _ = writeln!(
+                    s,
+                    "| memory saving, {}, {w} (time-averaged blocks, real model) | {r} | {} |",
+                    m.name(),
+                    sharing::paper_range(w, m)
+                );
+            }
+        }
+    }
+    s
+}
+
+/// One row of the sharing table (also printed as progress).
+pub fn sharing_line(r: &Row) -> String {
+    format!(
+        "| {} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} |",
+        r.workload,
+        r.mode.name(),
+        r.k,
+        r.shared.0,
+        r.indep.0,
+        r.shared.1,
+        r.indep.1,
+        pct(r.avg_saving()),
+        pct(r.peak_saving()),
+        sharing::paper_range(r.workload, r.mode)
+    )
+}
+
+/// The parallel-sampling / beam-search table on its own.
+pub fn render_sharing(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "Memory saving of parallel sampling and beam search (real model, paged KV, prefix caching off, every sequence runs to its capped reference length; KV blocks in use, one group of k vs k independent requests):\n");
+    let _ = writeln!(s, "| workload | mode | k | avg blocks, shared | avg blocks, independent | peak, shared | peak, independent | saving (avg) | saving (peak) | paper (saving range) |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let _ = writeln!(s, "{}", sharing_line(r));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(workload: &'static str, mode: Mode, shared: f64, indep: f64) -> Row {
+        Row {
+            workload,
+            mode,
+            k: 2,
+            shared: (shared, shared as usize),
+            indep: (indep, indep as usize),
+        }
+    }
+
+    #[test]
+    fn saving_range_spans_min_and_max() {
+        let rows = [
+            row("ShareGPT", Mode::Beam, 50.0, 100.0),
+            row("ShareGPT", Mode::Beam, 80.0, 100.0),
+        ];
+        assert_eq!(saving_range(rows.iter()).as_deref(), Some("20.0-50.0%"));
+        assert_eq!(saving_range([].iter()), None);
+    }
+
+    #[test]
+    fn figures_put_ours_beside_the_papers() {
+        let rows = [row("Alpaca-like", Mode::Parallel, 90.0, 100.0)];
+        let f = sharing_figures(&rows);
+        assert!(f.contains("parallel sampling, Alpaca-like"), "{f}");
+        assert!(f.contains("| 10.0-10.0% | 6.1-9.8% |"), "{f}");
+        assert!(!f.contains("beam search"), "{f}");
+    }
 }
