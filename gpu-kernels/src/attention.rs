@@ -29,7 +29,7 @@ use crate::Storage;
 /// Largest supported head size (the static query stage is sized for it).
 pub const MAX_HEAD_DIM: usize = 256;
 /// Head sizes the entry points are instantiated for.
-pub const HEAD_SIZES: [usize; 5] = [64, 80, 96, 128, 256];
+pub const HEAD_SIZES: [usize; 6] = [16, 64, 80, 96, 128, 256];
 
 /// Where one attention problem reads its K/V.
 #[derive(Clone, Copy)]

@@ -13,6 +13,16 @@
 //! parameter types, and the golden test checks them against the compiled PTX.
 
 use crate::sig::{KernelParam, KernelSig, ParamSig};
+
+/// Why [`emulate`] did not run a kernel.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmulateError {
+    /// No entry point has this name.
+    UnknownKernel,
+    /// The arguments do not fit the entry point.
+    Args(crate::sig::ArgMismatch),
+}
 #[allow(unused_imports)]
 use half::{bf16, f16};
 
@@ -48,6 +58,34 @@ macro_rules! kernel_instance {
                 unsafe { $imp($($arg),*) }
             }
 
+            /// Runs this entry point on the host emulator with arguments passed as a
+            /// CUDA host would pass them (by kind, in order).
+            ///
+            /// # Safety
+            /// As the generic kernel's `# Safety` section, with `cfg` its launch
+            /// geometry and every pointer a host address valid for the kernel's accesses.
+            #[cfg(not(target_arch = "nvptx64"))]
+            pub unsafe fn emulate(
+                cfg: crate::LaunchConfig,
+                args: &[crate::sig::KernelArg],
+            ) -> Result<(), crate::sig::ArgMismatch> {
+                crate::sig::check_args(&SIG, args)?;
+                let mut it = args.iter().copied();
+                $(
+                    let $arg = it
+                        .next()
+                        .and_then(<$ty as crate::sig::FromKernelArg>::from_arg)
+                        .ok_or(crate::sig::ArgMismatch {
+                            kernel: SIG.name,
+                            index: 0,
+                            detail: "wrong argument kind",
+                        })?;
+                )*
+                // SAFETY: forwarded to the caller (see `# Safety`).
+                unsafe { crate::device::emu::launch(cfg, || $name($($arg),*)) };
+                Ok(())
+            }
+
             /// Signature of this entry point.
             pub const SIG: KernelSig = KernelSig {
                 name: stringify!($name),
@@ -62,6 +100,25 @@ macro_rules! define_kernels {
         $( $( kernel_instance!($name, $t, $d, $args, $imp); )* )*
         /// Every entry point, in definition order.
         pub const KERNELS: &[KernelSig] = &[ $( $( $name::SIG, )* )* ];
+
+        /// Runs entry point `name` on the host emulator (see each entry's `emulate`).
+        ///
+        /// # Safety
+        /// As the named kernel's `# Safety` section, with host addresses as pointers.
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub unsafe fn emulate(
+            name: &str,
+            cfg: crate::LaunchConfig,
+            args: &[crate::sig::KernelArg],
+        ) -> Result<(), EmulateError> {
+            $( $(
+                if name == stringify!($name) {
+                    // SAFETY: forwarded to the caller.
+                    return unsafe { $name::emulate(cfg, args) }.map_err(EmulateError::Args);
+                }
+            )* )*
+            Err(EmulateError::UnknownKernel)
+        }
     };
 }
 
@@ -70,13 +127,13 @@ define_kernels! {
             context_lens: *const u32, num_kv_heads: u32, scale: f32, block_size: u32, max_blocks_per_seq: u32)
         => crate::attention::paged_attention_v1::<T, D>;
     {
-        paged_attention_v1_f32_h64: f32, 64; paged_attention_v1_f32_h80: f32, 80;
+        paged_attention_v1_f32_h16: f32, 16; paged_attention_v1_f32_h64: f32, 64; paged_attention_v1_f32_h80: f32, 80;
         paged_attention_v1_f32_h96: f32, 96; paged_attention_v1_f32_h128: f32, 128;
         paged_attention_v1_f32_h256: f32, 256;
-        paged_attention_v1_f16_h64: f16, 64; paged_attention_v1_f16_h80: f16, 80;
+        paged_attention_v1_f16_h16: f16, 16; paged_attention_v1_f16_h64: f16, 64; paged_attention_v1_f16_h80: f16, 80;
         paged_attention_v1_f16_h96: f16, 96; paged_attention_v1_f16_h128: f16, 128;
         paged_attention_v1_f16_h256: f16, 256;
-        paged_attention_v1_bf16_h64: bf16, 64; paged_attention_v1_bf16_h80: bf16, 80;
+        paged_attention_v1_bf16_h16: bf16, 16; paged_attention_v1_bf16_h64: bf16, 64; paged_attention_v1_bf16_h80: bf16, 80;
         paged_attention_v1_bf16_h96: bf16, 96; paged_attention_v1_bf16_h128: bf16, 128;
         paged_attention_v1_bf16_h256: bf16, 256;
     }
@@ -85,13 +142,13 @@ define_kernels! {
             block_size: u32, max_blocks_per_seq: u32, partition_size: u32)
         => crate::attention::paged_attention_v2::<T, D>;
     {
-        paged_attention_v2_f32_h64: f32, 64; paged_attention_v2_f32_h80: f32, 80;
+        paged_attention_v2_f32_h16: f32, 16; paged_attention_v2_f32_h64: f32, 64; paged_attention_v2_f32_h80: f32, 80;
         paged_attention_v2_f32_h96: f32, 96; paged_attention_v2_f32_h128: f32, 128;
         paged_attention_v2_f32_h256: f32, 256;
-        paged_attention_v2_f16_h64: f16, 64; paged_attention_v2_f16_h80: f16, 80;
+        paged_attention_v2_f16_h16: f16, 16; paged_attention_v2_f16_h64: f16, 64; paged_attention_v2_f16_h80: f16, 80;
         paged_attention_v2_f16_h96: f16, 96; paged_attention_v2_f16_h128: f16, 128;
         paged_attention_v2_f16_h256: f16, 256;
-        paged_attention_v2_bf16_h64: bf16, 64; paged_attention_v2_bf16_h80: bf16, 80;
+        paged_attention_v2_bf16_h16: bf16, 16; paged_attention_v2_bf16_h64: bf16, 64; paged_attention_v2_bf16_h80: bf16, 80;
         paged_attention_v2_bf16_h96: bf16, 96; paged_attention_v2_bf16_h128: bf16, 128;
         paged_attention_v2_bf16_h256: bf16, 256;
     }
@@ -99,13 +156,13 @@ define_kernels! {
             context_lens: *const u32, partition_size: u32, max_partitions: u32)
         => crate::attention::paged_attention_v2_reduce::<T, D>;
     {
-        paged_attention_v2_reduce_f32_h64: f32, 64; paged_attention_v2_reduce_f32_h80: f32, 80;
+        paged_attention_v2_reduce_f32_h16: f32, 16; paged_attention_v2_reduce_f32_h64: f32, 64; paged_attention_v2_reduce_f32_h80: f32, 80;
         paged_attention_v2_reduce_f32_h96: f32, 96; paged_attention_v2_reduce_f32_h128: f32, 128;
         paged_attention_v2_reduce_f32_h256: f32, 256;
-        paged_attention_v2_reduce_f16_h64: f16, 64; paged_attention_v2_reduce_f16_h80: f16, 80;
+        paged_attention_v2_reduce_f16_h16: f16, 16; paged_attention_v2_reduce_f16_h64: f16, 64; paged_attention_v2_reduce_f16_h80: f16, 80;
         paged_attention_v2_reduce_f16_h96: f16, 96; paged_attention_v2_reduce_f16_h128: f16, 128;
         paged_attention_v2_reduce_f16_h256: f16, 256;
-        paged_attention_v2_reduce_bf16_h64: bf16, 64; paged_attention_v2_reduce_bf16_h80: bf16, 80;
+        paged_attention_v2_reduce_bf16_h16: bf16, 16; paged_attention_v2_reduce_bf16_h64: bf16, 64; paged_attention_v2_reduce_bf16_h80: bf16, 80;
         paged_attention_v2_reduce_bf16_h96: bf16, 96; paged_attention_v2_reduce_bf16_h128: bf16, 128;
         paged_attention_v2_reduce_bf16_h256: bf16, 256;
     }
@@ -114,13 +171,13 @@ define_kernels! {
             block_size: u32, max_blocks_per_seq: u32)
         => crate::attention::prefill_attention::<T, D>;
     {
-        prefill_attention_f32_h64: f32, 64; prefill_attention_f32_h80: f32, 80;
+        prefill_attention_f32_h16: f32, 16; prefill_attention_f32_h64: f32, 64; prefill_attention_f32_h80: f32, 80;
         prefill_attention_f32_h96: f32, 96; prefill_attention_f32_h128: f32, 128;
         prefill_attention_f32_h256: f32, 256;
-        prefill_attention_f16_h64: f16, 64; prefill_attention_f16_h80: f16, 80;
+        prefill_attention_f16_h16: f16, 16; prefill_attention_f16_h64: f16, 64; prefill_attention_f16_h80: f16, 80;
         prefill_attention_f16_h96: f16, 96; prefill_attention_f16_h128: f16, 128;
         prefill_attention_f16_h256: f16, 256;
-        prefill_attention_bf16_h64: bf16, 64; prefill_attention_bf16_h80: bf16, 80;
+        prefill_attention_bf16_h16: bf16, 16; prefill_attention_bf16_h64: bf16, 64; prefill_attention_bf16_h80: bf16, 80;
         prefill_attention_bf16_h96: bf16, 96; prefill_attention_bf16_h128: bf16, 128;
         prefill_attention_bf16_h256: bf16, 256;
     }

@@ -42,5 +42,5 @@ mod storage;
 
 pub use entries::KERNELS;
 pub use launch::{Dim3, LaunchConfig};
-pub use sig::{KernelSig, ParamKind, ParamSig};
+pub use sig::{check_args, find_kernel, ArgMismatch, KernelArg, KernelSig, ParamKind, ParamSig};
 pub use storage::Storage;

@@ -220,6 +220,7 @@ fn decode_case<T: Storage, const D: usize>(
 fn decode_all_heads<T: Storage>(name: &str) {
     let mut r = TestRng::new(name);
     // Every head size; block size (random) and GQA shape vary with it (MHA, GQA, MQA).
+    decode_case::<T, 16>(&mut r, 0, 2, 1);
     decode_case::<T, 64>(&mut r, 0, 4, 2);
     decode_case::<T, 80>(&mut r, 0, 2, 1);
     decode_case::<T, 96>(&mut r, 0, 2, 2);
@@ -333,6 +334,11 @@ fn prefill_case<T: Storage, const D: usize>(name: &str) {
 #[test]
 fn prefill_f32() {
     prefill_case::<f32, 64>("prefill_f32");
+}
+
+#[test]
+fn prefill_f32_h16() {
+    prefill_case::<f32, 16>("prefill_f32_h16");
 }
 
 #[test]

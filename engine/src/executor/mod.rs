@@ -4,6 +4,7 @@
 //! which executor runs them (CPU today; CUDA behind the `cuda` feature).
 
 pub mod cpu;
+pub mod gpu;
 
 pub use cpu::generate::{argmax, generate_greedy, ContiguousLayout};
 pub use cpu::CpuExecutor;
@@ -81,6 +82,9 @@ pub enum ExecError {
     InvalidBatch(String),
     #[error("block {0:?} is outside the pool")]
     BlockOutOfRange(BlockId),
+    /// The GPU executor's device failed or refused (see `gpu::GpuError`).
+    #[error("{0}")]
+    Device(String),
 }
 
 /// What the engine loop needs from a device.

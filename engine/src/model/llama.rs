@@ -26,6 +26,31 @@ struct Layer {
     down: Linear,
 }
 
+/// One decoder layer's weights as [`LlamaModel`] keeps them: row-major
+/// `[out, in]` f32, q/k/v fused (`[q + 2 kv, hidden]`), gate/up fused
+/// (`[2 * intermediate, hidden]`).
+pub struct LayerView<'a> {
+    pub attn_norm: &'a [f32],
+    pub qkv: &'a [f32],
+    /// Qwen2's q/k/v biases, concatenated.
+    pub qkv_bias: Option<&'a [f32]>,
+    pub o: &'a [f32],
+    pub ffn_norm: &'a [f32],
+    pub gate_up: &'a [f32],
+    pub down: &'a [f32],
+}
+
+/// All of a model's weights, read-only (see [`LlamaModel::weights`]).
+pub struct WeightsView<'a> {
+    /// `[vocab, hidden]`.
+    pub embedding: &'a [f32],
+    pub final_norm: &'a [f32],
+    /// `[vocab, hidden]`; the embedding when tied.
+    pub lm_head: &'a [f32],
+    pub layers: Vec<LayerView<'a>>,
+    pub rope: &'a RopeTables,
+}
+
 /// A loaded Llama-family model, ready to run forward passes.
 pub struct LlamaModel {
     config: ModelConfig,
@@ -162,6 +187,29 @@ impl LlamaModel {
         &self.config
     }
 
+    /// The converted weights, read-only (a GPU executor uploads them).
+    pub fn weights(&self) -> WeightsView<'_> {
+        WeightsView {
+            embedding: &self.embedding,
+            final_norm: &self.final_norm,
+            lm_head: self.lm_head.as_deref().unwrap_or(&self.embedding),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| LayerView {
+                    attn_norm: &l.attn_norm,
+                    qkv: &l.qkv.weight,
+                    qkv_bias: l.qkv.bias.as_deref(),
+                    o: &l.o.weight,
+                    ffn_norm: &l.ffn_norm,
+                    gate_up: &l.gate_up.weight,
+                    down: &l.down.weight,
+                })
+                .collect(),
+            rope: &self.rope,
+        }
+    }
+
     /// The KV pool geometry this model needs for `num_blocks` blocks of `block_size`.
     pub fn kv_geometry(&self, num_blocks: usize, block_size: usize) -> KvGeometry {
         KvGeometry::for_model(&self.config, num_blocks, block_size)
@@ -183,6 +231,14 @@ impl LlamaModel {
         }
         validate(batch, &geom, c.vocab_size, self.rope.max_positions())?;
         let n = batch.token_ids.len();
+        if n == 0 {
+            // A step with block operations only (validation above guarantees no rows).
+            return Ok(Logits {
+                rows: 0,
+                vocab: c.vocab_size,
+                data: Vec::new(),
+            });
+        }
         let (h, nh, hd) = (c.hidden_size, c.num_attention_heads, c.head_dim);
         let (qd, kvd, inter) = (nh * hd, c.num_key_value_heads * hd, c.intermediate_size);
         let qkv_dim = qd + 2 * kvd;

@@ -21,14 +21,14 @@ pub mod llama;
 pub mod ops;
 
 #[cfg(test)]
-mod test_util;
+pub(crate) mod test_util;
 #[cfg(test)]
 mod tests_model;
 #[cfg(test)]
 mod tests_ops;
 
 pub use kv_cache::{KvCache, KvGeometry, LayerKv};
-pub use llama::LlamaModel;
+pub use llama::{LayerView, LlamaModel, WeightsView};
 
 use thiserror::Error;
 

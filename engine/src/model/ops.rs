@@ -158,6 +158,18 @@ impl RopeTables {
         }
     }
 
+    /// The tables as the GPU rotary kernel reads them: `f32[max_positions,
+    /// head_dim]`, each row the cosines then the sines of its position.
+    pub fn cos_sin_cache(&self) -> Vec<f32> {
+        let h = self.half;
+        let mut out = Vec::with_capacity(self.max_positions * 2 * h);
+        for p in 0..self.max_positions {
+            out.extend_from_slice(&self.cos[p * h..(p + 1) * h]);
+            out.extend_from_slice(&self.sin[p * h..(p + 1) * h]);
+        }
+        out
+    }
+
     /// Number of positions covered.
     pub fn max_positions(&self) -> usize {
         self.max_positions

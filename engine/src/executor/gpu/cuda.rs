@@ -1,0 +1,419 @@
+//! [`CudaDevice`] (feature `cuda`): the GPU executor's device on a real GPU
+//! through `cudarc` with dynamic loading, so this compiles on machines without
+//! CUDA and fails at run time with [`GpuError::Unavailable`] instead.
+//!
+//! - Kernels: the PTX `cargo xtask build-ptx` writes
+//!   (`target/ptx/<sm_80|sm_90>/gpu_kernels.ptx`, or `$PAGED_ENGINE_PTX_DIR/<arch>/`),
+//!   loaded once; each entry is looked up on first use and its arguments are
+//!   checked against `gpu_kernels::KERNELS` before every launch.
+//! - GEMMs: cuBLAS `GemmEx`, f32 accumulation (`CUBLAS_COMPUTE_32F`).
+//! - Streams: one compute stream (cuBLAS is bound to it) and one swap stream
+//!   for the host<->device block copies, ordered by events as the
+//!   [`Device`] contract says. Host swap memory is page-locked (`cuMemHostAlloc`).
+//!
+//! NOTE: written and compiled without a GPU (none was lent to this task);
+//! the orchestration it serves is tested on [`super::EmuDevice`], but this
+//! file's driver calls have not yet run on hardware.
+
+use super::device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
+use super::GpuError;
+use cudarc::cublas::{self, CudaBlas};
+use cudarc::driver::{
+    result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use gpu_kernels::{check_args, find_kernel, KernelArg, KernelSig, LaunchConfig};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn drv(e: impl std::fmt::Debug) -> GpuError {
+    GpuError::Device(format!("{e:?}"))
+}
+
+/// Finds a CUDA driver and device `ordinal` without touching CUDA when the
+/// driver library is absent (cudarc's loader would panic otherwise).
+pub fn probe(ordinal: usize) -> Result<Arc<CudaContext>, GpuError> {
+    // SAFETY: only tries to dlopen the driver library's candidate names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(GpuError::Unavailable(
+            "the CUDA driver library (libcuda) was not found".into(),
+        ));
+    }
+    CudaContext::new(ordinal)
+        .map_err(|e| GpuError::Unavailable(format!("CUDA device {ordinal} unusable: {e:?}")))
+}
+
+/// Where the PTX for `arch` is: `$PAGED_ENGINE_PTX_DIR/<arch>/gpu_kernels.ptx`,
+/// else the workspace's `target/ptx/<arch>/gpu_kernels.ptx`.
+pub fn ptx_path(arch: &str) -> PathBuf {
+    let dir = std::env::var_os("PAGED_ENGINE_PTX_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/ptx"));
+    dir.join(arch).join("gpu_kernels.ptx")
+}
+
+/// Page-locked host memory.
+struct Pinned {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+/// A GPU. See the module docs.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    compute: Arc<CudaStream>,
+    swap: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    funcs: HashMap<String, (KernelSig, CudaFunction)>,
+    blas: CudaBlas,
+    mem: Vec<Option<(sys::CUdeviceptr, usize)>>,
+    host: Vec<Option<Pinned>>,
+    /// The swap stream must wait for compute issued since the last swap copy.
+    swap_stale: bool,
+    describe: String,
+    max_shared: usize,
+}
+
+// SAFETY: the raw host pointers are page-locked allocations owned by this
+// device and only touched through `&mut self`; the CUDA handles are usable
+// from any thread once the context is bound (every method binds it first).
+unsafe impl Send for CudaDevice {}
+
+impl CudaDevice {
+    /// Opens device `ordinal`, loads the PTX for its architecture and cuBLAS.
+    pub fn new(ordinal: usize) -> Result<Self, GpuError> {
+        let ctx = probe(ordinal)?;
+        let (major, minor) = ctx.compute_capability().map_err(drv)?;
+        if major < 8 {
+            return Err(GpuError::Unsupported(format!(
+                "compute capability {major}.{minor}: the kernels need sm_80 or newer (bf16)"
+            )));
+        }
+        let arch = if major >= 9 { "sm_90" } else { "sm_80" };
+        let path = ptx_path(arch);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            GpuError::Ptx(format!(
+                "{}: {e} (run `cargo xtask build-ptx`, or set PAGED_ENGINE_PTX_DIR)",
+                path.display()
+            ))
+        })?;
+        let module = ctx
+            .load_module(Ptx::from_src(text))
+            .map_err(|e| GpuError::Ptx(format!("{}: {e:?}", path.display())))?;
+        // SAFETY: only tries to dlopen cuBLAS's candidate names.
+        if !unsafe { cublas::sys::is_culib_present() } {
+            return Err(GpuError::Unavailable(
+                "cuBLAS (libcublas) was not found".into(),
+            ));
+        }
+        let compute = ctx.new_stream().map_err(drv)?;
+        let swap = ctx.new_stream().map_err(drv)?;
+        let blas = CudaBlas::new(compute.clone()).map_err(drv)?;
+        let optin = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(drv)? as usize;
+        let name = ctx.name().map_err(drv)?;
+        Ok(Self {
+            describe: format!("{name} ({arch}, {})", path.display()),
+            ctx,
+            compute,
+            swap,
+            module,
+            funcs: HashMap::new(),
+            blas,
+            mem: Vec::new(),
+            host: Vec::new(),
+            swap_stale: true,
+            // The attention kernels' static shared memory is about 1.2 KB.
+            max_shared: optin.saturating_sub(2048),
+        })
+    }
+
+    fn bind(&self) -> Result<(), GpuError> {
+        self.ctx.bind_to_thread().map_err(drv)
+    }
+
+    fn function(&mut self, name: &str) -> Result<&(KernelSig, CudaFunction), GpuError> {
+        if !self.funcs.contains_key(name) {
+            let sig = find_kernel(name)
+                .ok_or_else(|| GpuError::Ptx(format!("{name} is not a kernel entry point")))?;
+            let f = self
+                .module
+                .load_function(name)
+                .map_err(|e| GpuError::Ptx(format!("{name}: {e:?}")))?;
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                self.max_shared as i32,
+            )
+            .map_err(drv)?;
+            self.funcs.insert(name.to_string(), (sig, f));
+        }
+        self.funcs
+            .get(name)
+            .ok_or_else(|| GpuError::Ptx(format!("{name} vanished")))
+    }
+
+    fn host_slice(&mut self, h: &HostBuf, off: usize, bytes: usize) -> Result<&mut [u8], GpuError> {
+        let p = self
+            .host
+            .get(h.slot)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| GpuError::Device("unknown host buffer".into()))?;
+        if off + bytes > p.bytes {
+            return Err(GpuError::Device(format!(
+                "host copy of {bytes} bytes at {off} past a {}-byte buffer",
+                p.bytes
+            )));
+        }
+        // SAFETY: `[off, off + bytes)` lies inside the live page-locked
+        // allocation, borrowed mutably through `&mut self`.
+        Ok(unsafe { std::slice::from_raw_parts_mut(p.ptr.add(off), bytes) })
+    }
+
+    fn swap_after_compute(&mut self) -> Result<(), GpuError> {
+        if self.swap_stale {
+            self.swap.join(&self.compute).map_err(drv)?;
+            self.swap_stale = false;
+        }
+        Ok(())
+    }
+}
+
+fn cuda_type(t: DType) -> cublas::sys::cudaDataType {
+    match t {
+        DType::F32 => cublas::sys::cudaDataType::CUDA_R_32F,
+        DType::F16 => cublas::sys::cudaDataType::CUDA_R_16F,
+        DType::Bf16 => cublas::sys::cudaDataType::CUDA_R_16BF,
+    }
+}
+
+impl Device for CudaDevice {
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    fn threads(&self, family: ThreadsFor) -> u32 {
+        match family {
+            ThreadsFor::Attention => gpu_kernels::launch::ATTN_THREADS,
+            ThreadsFor::Rows => gpu_kernels::launch::ROW_THREADS,
+        }
+    }
+
+    fn max_shared_bytes(&self) -> usize {
+        self.max_shared
+    }
+
+    fn mem_info(&self) -> Option<(usize, usize)> {
+        self.ctx.mem_get_info().ok()
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<DevBuf, GpuError> {
+        self.bind()?;
+        let n = bytes.max(1);
+        // SAFETY: a plain allocation, zeroed before use.
+        let ptr = unsafe { result::malloc_sync(n) }
+            .map_err(|e| GpuError::OutOfMemory(format!("{n} bytes: {e:?}")))?;
+        // SAFETY: `ptr` is a fresh allocation of `n` bytes.
+        unsafe { result::memset_d8_sync(ptr, 0, n) }.map_err(drv)?;
+        self.mem.push(Some((ptr, n)));
+        Ok(DevBuf {
+            slot: self.mem.len() - 1,
+            ptr: DevPtr(ptr),
+            bytes,
+        })
+    }
+
+    fn free(&mut self, buf: DevBuf) -> Result<(), GpuError> {
+        self.bind()?;
+        self.synchronize()?;
+        let (ptr, _) = self
+            .mem
+            .get_mut(buf.slot)
+            .and_then(Option::take)
+            .ok_or_else(|| GpuError::Device("double free".into()))?;
+        // SAFETY: `ptr` came from `malloc_sync` and no work uses it any more
+        // (synchronized above).
+        unsafe { result::free_sync(ptr) }.map_err(drv)
+    }
+
+    fn alloc_host(&mut self, bytes: usize) -> Result<HostBuf, GpuError> {
+        self.bind()?;
+        let n = bytes.max(1);
+        // SAFETY: page-locked allocation of `n` bytes, zeroed right after.
+        let ptr = unsafe { result::malloc_host(n, 0) }
+            .map_err(|e| GpuError::OutOfMemory(format!("{n} bytes of pinned host memory: {e:?}")))?
+            as *mut u8;
+        // SAFETY: `ptr` addresses `n` writable bytes.
+        unsafe { std::ptr::write_bytes(ptr, 0, n) };
+        self.host.push(Some(Pinned { ptr, bytes: n }));
+        Ok(HostBuf {
+            slot: self.host.len() - 1,
+            bytes,
+        })
+    }
+
+    fn upload(&mut self, dst: DevPtr, src: &[u8]) -> Result<(), GpuError> {
+        self.bind()?;
+        // SAFETY: `dst` addresses a live allocation of at least `src.len()`
+        // bytes (callers' contract); the copy is complete before `src` can move
+        // because the stream is synchronized before returning.
+        unsafe { result::memcpy_htod_async(dst.0, src, self.compute.cu_stream()) }.map_err(drv)?;
+        self.compute.synchronize().map_err(drv)?;
+        self.swap_stale = true;
+        Ok(())
+    }
+
+    fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError> {
+        self.bind()?;
+        // SAFETY: as `upload`, in the other direction.
+        unsafe { result::memcpy_dtoh_async(dst, src.0, self.compute.cu_stream()) }.map_err(drv)?;
+        self.compute.synchronize().map_err(drv)
+    }
+
+    fn copy_to_host(
+        &mut self,
+        src: DevPtr,
+        host: &HostBuf,
+        host_offset: usize,
+        bytes: usize,
+    ) -> Result<(), GpuError> {
+        self.bind()?;
+        self.swap_after_compute()?;
+        let stream = self.swap.cu_stream();
+        let dst = self.host_slice(host, host_offset, bytes)?;
+        // SAFETY: page-locked destination inside its allocation (checked);
+        // `src` addresses a device block; ordered on the swap stream.
+        unsafe { result::memcpy_dtoh_async(dst, src.0, stream) }.map_err(drv)
+    }
+
+    fn copy_from_host(
+        &mut self,
+        host: &HostBuf,
+        host_offset: usize,
+        dst: DevPtr,
+        bytes: usize,
+    ) -> Result<(), GpuError> {
+        self.bind()?;
+        self.swap_after_compute()?;
+        let stream = self.swap.cu_stream();
+        let src = self.host_slice(host, host_offset, bytes)?;
+        // SAFETY: as `copy_to_host`, in the other direction; page-locked memory
+        // stays put until the device drops.
+        unsafe { result::memcpy_htod_async(dst.0, src, stream) }.map_err(drv)
+    }
+
+    fn swap_fence(&mut self) -> Result<(), GpuError> {
+        self.bind()?;
+        self.compute.join(&self.swap).map_err(drv)
+    }
+
+    unsafe fn launch(
+        &mut self,
+        kernel: &str,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<(), GpuError> {
+        self.bind()?;
+        let stream = self.compute.clone();
+        let (sig, f) = self.function(kernel)?;
+        check_args(sig, args).map_err(|e| GpuError::Ptx(e.to_string()))?;
+        let mut ptrs = Vec::new();
+        let mut u32s = Vec::new();
+        let mut f32s = Vec::new();
+        for a in args {
+            match *a {
+                KernelArg::Ptr(p) => ptrs.push(p),
+                KernelArg::U32(v) => u32s.push(v),
+                KernelArg::F32(v) => f32s.push(v),
+            }
+        }
+        let mut b = stream.launch_builder(f);
+        let (mut pi, mut ui, mut fi) = (0, 0, 0);
+        for a in args {
+            match a {
+                KernelArg::Ptr(_) => {
+                    b.arg(&ptrs[pi]);
+                    pi += 1;
+                }
+                KernelArg::U32(_) => {
+                    b.arg(&u32s[ui]);
+                    ui += 1;
+                }
+                KernelArg::F32(_) => {
+                    b.arg(&f32s[fi]);
+                    fi += 1;
+                }
+            }
+        }
+        let cu = cudarc::driver::LaunchConfig {
+            grid_dim: (cfg.grid.x, cfg.grid.y, cfg.grid.z),
+            block_dim: (cfg.block.x, cfg.block.y, cfg.block.z),
+            shared_mem_bytes: cfg.shared_mem_bytes,
+        };
+        // SAFETY: the argument list matches the entry point (checked above
+        // against KERNELS, which a test ties to the PTX); buffer sizes are the
+        // caller's contract (see `# Safety`).
+        unsafe { b.launch(cu) }.map_err(drv)?;
+        self.swap_stale = true;
+        Ok(())
+    }
+
+    unsafe fn gemm(&mut self, g: &Gemm) -> Result<(), GpuError> {
+        self.bind()?;
+        let (alpha, beta) = (1.0f32, if g.accumulate { 1.0f32 } else { 0.0 });
+        // Row-major C[m,n] = A[m,k] B[n,k]^T is column-major C^T[n,m] = B^T' A':
+        // cuBLAS sees B as a k x n column-major matrix (transposed) and A as k x m.
+        // SAFETY: pointers and sizes per the caller's contract; scalars live
+        // across the (host-pointer-mode) call.
+        unsafe {
+            cublas::result::gemm_ex(
+                *self.blas.handle(),
+                cublas::sys::cublasOperation_t::CUBLAS_OP_T,
+                cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+                g.n as i32,
+                g.m as i32,
+                g.k as i32,
+                (&alpha as *const f32).cast(),
+                g.b.0 as *const _,
+                cuda_type(g.ab),
+                g.k as i32,
+                g.a.0 as *const _,
+                cuda_type(g.ab),
+                g.k as i32,
+                (&beta as *const f32).cast(),
+                g.c.0 as *mut _,
+                cuda_type(g.c_type),
+                g.n as i32,
+                cublas::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(drv)?;
+        self.swap_stale = true;
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<(), GpuError> {
+        self.compute.synchronize().map_err(drv)?;
+        self.swap.synchronize().map_err(drv)
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        if self.bind().is_err() || self.synchronize().is_err() {
+            return;
+        }
+        for (ptr, _) in self.mem.drain(..).flatten() {
+            // SAFETY: from `malloc_sync`; all work finished above.
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+        for p in self.host.drain(..).flatten() {
+            // SAFETY: from `malloc_host`; all copies finished above.
+            let _ = unsafe { result::free_host(p.ptr.cast()) };
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! [`EmuDevice`]: the GPU executor's device on the host. Memory is host
+//! memory, kernels run on the `gpu-kernels` host emulator (the very source
+//! that becomes the PTX), GEMMs are a plain `f32`-accumulating loop over the
+//! stored element types. Streams are trivially ordered: everything runs
+//! synchronously in call order, which satisfies the device ordering contract.
+//!
+//! It exists so that the executor's orchestration (buffer layouts, kernel
+//! arguments, launch geometry, block copies, swap) is tested on every machine;
+//! it is far too slow to serve with (one OS thread per emulated GPU thread).
+
+use super::device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
+use super::GpuError;
+use gpu_kernels::{KernelArg, LaunchConfig};
+
+/// Threads per block on the emulator (one warp keeps it quick).
+const EMU_THREADS: u32 = 32;
+
+/// The host-emulated device. See the module docs.
+#[derive(Default)]
+pub struct EmuDevice {
+    /// Device allocations; `u128` elements give 16-byte alignment.
+    mem: Vec<Option<Vec<u128>>>,
+    host: Vec<Vec<u8>>,
+    /// Kernel launches so far (tests read it).
+    pub launches: usize,
+}
+
+impl EmuDevice {
+    /// An empty emulated device.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The allocation holding `[p, p + bytes)`, as a byte slice, or an error.
+    fn region(&mut self, p: DevPtr, bytes: usize) -> Result<&mut [u8], GpuError> {
+        for buf in self.mem.iter_mut().flatten() {
+            let base = buf.as_ptr() as u64;
+            let len = (buf.len() * 16) as u64;
+            if p.0 >= base && p.0 + bytes as u64 <= base + len {
+                let off = (p.0 - base) as usize;
+                // SAFETY: `buf` is a live Vec<u128> of `len` bytes; viewing its
+                // storage as bytes is valid (u8 has no alignment or validity
+                // requirements) and the borrow of `buf` covers the slice's life.
+                let all = unsafe {
+                    std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), len as usize)
+                };
+                return Ok(&mut all[off..off + bytes]);
+            }
+        }
+        Err(GpuError::Device(format!(
+            "emulator: {bytes} bytes at {:#x} are outside every allocation",
+            p.0
+        )))
+    }
+
+    fn host_region(
+        &mut self,
+        h: &HostBuf,
+        off: usize,
+        bytes: usize,
+    ) -> Result<&mut [u8], GpuError> {
+        let buf = self
+            .host
+            .get_mut(h.slot)
+            .ok_or_else(|| GpuError::Device("emulator: unknown host buffer".into()))?;
+        buf.get_mut(off..off + bytes).ok_or_else(|| {
+            GpuError::Device(format!(
+                "emulator: host copy of {bytes} bytes at {off} past a {}-byte buffer",
+                h.bytes
+            ))
+        })
+    }
+
+    fn read(&mut self, p: DevPtr, elems: usize, t: DType) -> Result<Vec<f32>, GpuError> {
+        Ok(t.decode(self.region(p, elems * t.size())?))
+    }
+}
+
+impl Device for EmuDevice {
+    fn describe(&self) -> String {
+        "gpu-kernels host emulator".into()
+    }
+
+    fn threads(&self, _family: ThreadsFor) -> u32 {
+        EMU_THREADS
+    }
+
+    fn max_shared_bytes(&self) -> usize {
+        // The emulator's shared memory is a heap buffer; mirror a CUDA
+        // device's opt-in limit so the same inputs fail the same way.
+        227 * 1024
+    }
+
+    fn mem_info(&self) -> Option<(usize, usize)> {
+        None
+    }
+
+    fn alloc(&mut self, bytes: usize) -> Result<DevBuf, GpuError> {
+        let v = vec![0u128; bytes.div_ceil(16).max(1)];
+        let ptr = DevPtr(v.as_ptr() as u64);
+        self.mem.push(Some(v));
+        Ok(DevBuf {
+            slot: self.mem.len() - 1,
+            ptr,
+            bytes,
+        })
+    }
+
+    fn free(&mut self, buf: DevBuf) -> Result<(), GpuError> {
+        match self.mem.get_mut(buf.slot) {
+            Some(s @ Some(_)) => {
+                *s = None;
+                Ok(())
+            }
+            _ => Err(GpuError::Device("emulator: double free".into())),
+        }
+    }
+
+    fn alloc_host(&mut self, bytes: usize) -> Result<HostBuf, GpuError> {
+        self.host.push(vec![0u8; bytes]);
+        Ok(HostBuf {
+            slot: self.host.len() - 1,
+            bytes,
+        })
+    }
+
+    fn upload(&mut self, dst: DevPtr, src: &[u8]) -> Result<(), GpuError> {
+        self.region(dst, src.len())?.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError> {
+        dst.copy_from_slice(self.region(src, dst.len())?);
+        Ok(())
+    }
+
+    fn copy_to_host(
+        &mut self,
+        src: DevPtr,
+        host: &HostBuf,
+        host_offset: usize,
+        bytes: usize,
+    ) -> Result<(), GpuError> {
+        let data = self.region(src, bytes)?.to_vec();
+        self.host_region(host, host_offset, bytes)?
+            .copy_from_slice(&data);
+        Ok(())
+    }
+
+    fn copy_from_host(
+        &mut self,
+        host: &HostBuf,
+        host_offset: usize,
+        dst: DevPtr,
+        bytes: usize,
+    ) -> Result<(), GpuError> {
+        let data = self.host_region(host, host_offset, bytes)?.to_vec();
+        self.region(dst, bytes)?.copy_from_slice(&data);
+        Ok(())
+    }
+
+    fn swap_fence(&mut self) -> Result<(), GpuError> {
+        Ok(())
+    }
+
+    unsafe fn launch(
+        &mut self,
+        kernel: &str,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<(), GpuError> {
+        self.launches += 1;
+        // SAFETY: forwarded from the caller: every pointer argument addresses
+        // one of this device's live host allocations, sized for the launch.
+        unsafe { gpu_kernels::entries::emulate(kernel, cfg, args) }
+            .map_err(|e| GpuError::Device(format!("emulator launch of {kernel}: {e:?}")))
+    }
+
+    unsafe fn gemm(&mut self, g: &Gemm) -> Result<(), GpuError> {
+        let a = self.read(g.a, g.m * g.k, g.ab)?;
+        let b = self.read(g.b, g.n * g.k, g.ab)?;
+        let mut c = if g.accumulate {
+            self.read(g.c, g.m * g.n, g.c_type)?
+        } else {
+            vec![0.0; g.m * g.n]
+        };
+        for (i, row) in c.chunks_exact_mut(g.n.max(1)).enumerate().take(g.m) {
+            let x = &a[i * g.k..(i + 1) * g.k];
+            for (j, out) in row.iter_mut().enumerate() {
+                let w = &b[j * g.k..(j + 1) * g.k];
+                *out += x.iter().zip(w).map(|(p, q)| p * q).sum::<f32>();
+            }
+        }
+        let bytes = g.c_type.encode(&c);
+        self.region(g.c, bytes.len())?.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<(), GpuError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,605 @@
+//! One forward pass on a [`Device`], mirroring the CPU model
+//! (`crate::model::llama`) operation for operation:
+//!
+//! ```text
+//! x = embedding(ids)                                   (residual stream, dtype T)
+//! per layer: h = rms_norm(x); q, k, v = h Wq^T, h Wk^T, h Wv^T (rows of fused Wqkv)
+//!            rotary(q, k); reshape_and_cache(k, v -> slots)
+//!            a = attention(q, paged K/V)    decode: paged_attention v1 / v2+reduce
+//!                                           otherwise: prefill_attention (mixed batch)
+//!            x += a Wo^T; h = rms_norm(x); g = h Wgate_up^T; s = silu_and_mul(g); x += s Wdown^T
+//! rows = gather(x, logits_rows); logits (f32) = rms_norm(rows) Wlm^T
+//! ```
+//!
+//! All per-step integers (ids, positions, slots, context lengths, query
+//! starts, block tables, logits rows) go up in one upload; activations live in
+//! a [`Scratch`] that grows to the largest batch seen and is then reused.
+//! Launches per step: 1 + 11 per layer + 3. Cost is dominated by the GEMMs,
+//! O(tokens x parameters).
+
+use super::blocks::KvPools;
+use super::device::{DType, DevBuf, DevPtr, Device, Gemm, ThreadsFor};
+use super::weights::DeviceWeights;
+use super::{GpuError, SUPPORTED_HEAD_DIMS};
+use crate::executor::{ForwardBatch, Logits, SeqSpan};
+use crate::kv::BlockId;
+use crate::model::LlamaModel;
+use gpu_kernels::{launch as geom, KernelArg, LaunchConfig};
+
+/// Split-K partition size of decode attention (vLLM's).
+const PARTITION: usize = 512;
+/// Longest context decode attention runs single-pass for (vLLM's rule).
+const V1_MAX_CONTEXT: usize = 8192;
+
+/// The model dimensions the forward pass needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dims {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub inter: usize,
+    pub vocab: usize,
+    pub layers: usize,
+    pub eps: f32,
+    pub max_positions: usize,
+}
+
+impl Dims {
+    /// The dimensions of `model`, refusing head sizes without attention entry points.
+    pub fn of(model: &LlamaModel) -> Result<Self, GpuError> {
+        let c = model.config();
+        if !SUPPORTED_HEAD_DIMS.contains(&c.head_dim) {
+            return Err(GpuError::Unsupported(format!(
+                "head_dim {} (the attention kernels are built for {SUPPORTED_HEAD_DIMS:?})",
+                c.head_dim
+            )));
+        }
+        Ok(Self {
+            hidden: c.hidden_size,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            inter: c.intermediate_size,
+            vocab: c.vocab_size,
+            layers: c.num_hidden_layers,
+            eps: c.rms_norm_eps,
+            max_positions: model.weights().rope.max_positions(),
+        })
+    }
+
+    fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+}
+
+/// Device scratch buffers of the forward pass, each grown on demand.
+#[derive(Default)]
+pub struct Scratch {
+    meta: Option<DevBuf>,
+    x: Option<DevBuf>,
+    h: Option<DevBuf>,
+    q: Option<DevBuf>,
+    k: Option<DevBuf>,
+    v: Option<DevBuf>,
+    attn: Option<DevBuf>,
+    gate_up: Option<DevBuf>,
+    act: Option<DevBuf>,
+    rows: Option<DevBuf>,
+    normed: Option<DevBuf>,
+    logits: Option<DevBuf>,
+    split_out: Option<DevBuf>,
+    split_max: Option<DevBuf>,
+    split_sum: Option<DevBuf>,
+}
+
+impl Scratch {
+    /// Returns every buffer to the device.
+    pub fn release(self, dev: &mut dyn Device) -> Result<(), GpuError> {
+        let all = [
+            self.meta,
+            self.x,
+            self.h,
+            self.q,
+            self.k,
+            self.v,
+            self.attn,
+            self.gate_up,
+            self.act,
+            self.rows,
+            self.normed,
+            self.logits,
+            self.split_out,
+            self.split_max,
+            self.split_sum,
+        ];
+        all.into_iter().flatten().try_for_each(|b| dev.free(b))
+    }
+}
+
+/// The address of `slot`'s buffer, reallocated (to twice the need) if it is
+/// smaller than `bytes`.
+pub fn ensure(
+    dev: &mut dyn Device,
+    slot: &mut Option<DevBuf>,
+    bytes: usize,
+) -> Result<DevPtr, GpuError> {
+    if let Some(b) = slot {
+        if b.bytes >= bytes {
+            return Ok(b.ptr);
+        }
+    }
+    if let Some(old) = slot.take() {
+        dev.free(old)?;
+    }
+    let buf = dev.alloc((2 * bytes).max(256))?;
+    let p = buf.ptr;
+    *slot = Some(buf);
+    Ok(p)
+}
+
+/// Addresses of one step's integer metadata inside the `meta` upload.
+struct Meta {
+    ids: DevPtr,
+    positions: DevPtr,
+    slots: DevPtr,
+    context_lens: DevPtr,
+    query_start: DevPtr,
+    tables: DevPtr,
+    rows: DevPtr,
+    /// Columns of `tables`.
+    max_blocks: usize,
+    max_context: usize,
+    all_decode: bool,
+}
+
+/// Packs and uploads the batch's integers (one copy).
+fn upload_meta(
+    dev: &mut dyn Device,
+    scratch: &mut Scratch,
+    batch: &ForwardBatch,
+    block_size: usize,
+) -> Result<Meta, GpuError> {
+    let n = batch.token_ids.len();
+    let seqs = &batch.seqs;
+    let max_blocks = seqs
+        .iter()
+        .map(|s| s.context_len.div_ceil(block_size))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut v: Vec<u32> = Vec::with_capacity(3 * n + 2 * seqs.len() + 1);
+    v.extend_from_slice(&batch.token_ids);
+    v.extend(batch.positions.iter().map(|&p| p as u32));
+    v.extend(batch.slot_mapping.iter().map(|&s| s as u32));
+    v.extend(seqs.iter().map(|s| s.context_len as u32));
+    v.push(0);
+    let mut start = 0u32;
+    for s in seqs {
+        start += s.query_len as u32;
+        v.push(start);
+    }
+    for s in seqs {
+        let used = s.context_len.div_ceil(block_size);
+        v.extend(s.block_table[..used].iter().map(|b: &BlockId| b.0));
+        v.extend(std::iter::repeat_n(0, max_blocks - used));
+    }
+    v.extend(batch.logits_rows.iter().map(|&r| r as u32));
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let base = ensure(dev, &mut scratch.meta, bytes.len())?;
+    dev.upload(base, &bytes)?;
+    let at = |words: usize| base.offset(4 * words);
+    let s = seqs.len();
+    Ok(Meta {
+        ids: at(0),
+        positions: at(n),
+        slots: at(2 * n),
+        context_lens: at(3 * n),
+        query_start: at(3 * n + s),
+        tables: at(3 * n + 2 * s + 1),
+        rows: at(3 * n + 2 * s + 1 + s * max_blocks),
+        max_blocks,
+        max_context: seqs.iter().map(|s| s.context_len).max().unwrap_or(0),
+        all_decode: seqs.iter().all(|s| s.query_len == 1),
+    })
+}
+
+/// The activation buffers of one step (addresses).
+struct Acts {
+    x: DevPtr,
+    h: DevPtr,
+    q: DevPtr,
+    k: DevPtr,
+    v: DevPtr,
+    attn: DevPtr,
+    gate_up: DevPtr,
+    act: DevPtr,
+}
+
+fn activations(
+    dev: &mut dyn Device,
+    s: &mut Scratch,
+    d: Dims,
+    n: usize,
+    t: DType,
+) -> Result<Acts, GpuError> {
+    let e = t.size() * n;
+    Ok(Acts {
+        x: ensure(dev, &mut s.x, e * d.hidden)?,
+        h: ensure(dev, &mut s.h, e * d.hidden)?,
+        q: ensure(dev, &mut s.q, e * d.q_dim())?,
+        k: ensure(dev, &mut s.k, e * d.kv_dim())?,
+        v: ensure(dev, &mut s.v, e * d.kv_dim())?,
+        attn: ensure(dev, &mut s.attn, e * d.q_dim())?,
+        gate_up: ensure(dev, &mut s.gate_up, e * 2 * d.inter)?,
+        act: ensure(dev, &mut s.act, e * d.inter)?,
+    })
+}
+
+/// Launch helper: entry names are `<family>_<dtype>[_h<head_dim>]`.
+struct Launcher<'a> {
+    dev: &'a mut dyn Device,
+    t: DType,
+}
+
+/// A `u32` kernel argument.
+fn u(x: usize) -> KernelArg {
+    KernelArg::U32(x as u32)
+}
+
+impl Launcher<'_> {
+    /// # Safety
+    /// As [`Device::launch`].
+    unsafe fn run(
+        &mut self,
+        family: &str,
+        head: Option<usize>,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<(), GpuError> {
+        let name = match head {
+            Some(h) => format!("{family}_{}_h{h}", self.t.kernel_suffix()),
+            None => format!("{family}_{}", self.t.kernel_suffix()),
+        };
+        // SAFETY: forwarded to the caller.
+        unsafe { self.dev.launch(&name, cfg, args) }
+    }
+
+    /// `c = a W^T` (`+=` with `accumulate`); `a` is `[m, k]`, `W` `[n, k]`.
+    ///
+    /// # Safety
+    /// As [`Device::gemm`].
+    unsafe fn gemm(
+        &mut self,
+        (m, n, k): (usize, usize, usize),
+        a: DevPtr,
+        w: DevPtr,
+        c: DevPtr,
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
+        let (ab, c_type, b) = (self.t, self.t, w);
+        let g = Gemm {
+            m,
+            n,
+            k,
+            a,
+            b,
+            c,
+            ab,
+            c_type,
+            accumulate,
+        };
+        // SAFETY: forwarded to the caller.
+        unsafe { self.dev.gemm(&g) }
+    }
+
+    fn rows(&self, rows: usize) -> LaunchConfig {
+        geom::per_row(rows as u32, self.dev.threads(ThreadsFor::Rows))
+    }
+
+    /// `out[r] = table[ids[r]]` for `rows` rows of `hidden`.
+    ///
+    /// # Safety
+    /// As [`Device::launch`]; every id is below the table's row count.
+    unsafe fn gather(
+        &mut self,
+        out: DevPtr,
+        ids: DevPtr,
+        table: DevPtr,
+        rows: usize,
+        hidden: usize,
+    ) -> Result<(), GpuError> {
+        let cfg = self.rows(rows);
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            self.run(
+                "embedding",
+                None,
+                cfg,
+                &[out.arg(), ids.arg(), table.arg(), u(hidden)],
+            )
+        }
+    }
+
+    /// `out = rms_norm(input) * weight` over `rows` rows of `d.hidden`.
+    ///
+    /// # Safety
+    /// As [`Device::launch`].
+    unsafe fn rms_norm(
+        &mut self,
+        d: &Dims,
+        out: DevPtr,
+        input: DevPtr,
+        weight: DevPtr,
+        rows: usize,
+    ) -> Result<(), GpuError> {
+        let cfg = self.rows(rows);
+        let args = [
+            out.arg(),
+            input.arg(),
+            weight.arg(),
+            KernelArg::F32(d.eps),
+            u(d.hidden),
+        ];
+        // SAFETY: forwarded to the caller.
+        unsafe { self.run("rms_norm", None, cfg, &args) }
+    }
+}
+
+/// Runs the forward pass of a validated `batch` and returns its logits rows.
+pub fn run(
+    dev: &mut dyn Device,
+    d: Dims,
+    t: DType,
+    w: &DeviceWeights,
+    kv: &KvPools,
+    s: &mut Scratch,
+    batch: &ForwardBatch,
+) -> Result<Logits, GpuError> {
+    let n = batch.token_ids.len();
+    let m = upload_meta(dev, s, batch, kv.geometry().block_size)?;
+    let a = activations(dev, s, d, n, t)?;
+    let mut l = Launcher { dev, t };
+    // SAFETY: buffers were sized above for `n` tokens (`activations`,
+    // `upload_meta`) and the batch was validated (ids < vocab), so the gather
+    // stays inside the embedding table and `x`.
+    unsafe { l.gather(a.x, m.ids, w.embedding.ptr, n, d.hidden) }?;
+    for li in 0..w.layers.len() {
+        layer(&mut l, s, &d, w, kv, li, &m, &a, batch)?;
+    }
+    let r = batch.logits_rows.len();
+    if r == 0 {
+        return Ok(Logits {
+            rows: 0,
+            vocab: d.vocab,
+            data: Vec::new(),
+        });
+    }
+    let sz = t.size();
+    let rows = ensure(l.dev, &mut s.rows, r * d.hidden * sz)?;
+    let normed = ensure(l.dev, &mut s.normed, r * d.hidden * sz)?;
+    let logits = ensure(l.dev, &mut s.logits, r * d.vocab * 4)?;
+    let g = Gemm {
+        m: r,
+        n: d.vocab,
+        k: d.hidden,
+        a: normed,
+        b: w.lm_head_ptr(),
+        c: logits,
+        ab: t,
+        c_type: DType::F32,
+        accumulate: false,
+    };
+    // SAFETY: `rows`/`normed` hold `r` rows of `hidden`, `logits` `r` rows of
+    // `vocab` f32; the validated logits rows are `< n`, inside `x`; the LM
+    // head is `[vocab, hidden]`. Gathering rows of the residual stream is an
+    // embedding lookup with `x` as the table.
+    unsafe {
+        l.gather(rows, m.rows, a.x, r, d.hidden)?;
+        l.rms_norm(&d, normed, rows, w.final_norm.ptr, r)?;
+        l.dev.gemm(&g)?;
+    }
+    let mut raw = vec![0u8; r * d.vocab * 4];
+    l.dev.download(logits, &mut raw)?;
+    Ok(Logits {
+        rows: r,
+        vocab: d.vocab,
+        data: DType::F32.decode(&raw),
+    })
+}
+
+/// Decoder layer `li` over the batch, in place on the residual stream `a.x`.
+#[allow(clippy::too_many_arguments)]
+fn layer(
+    l: &mut Launcher<'_>,
+    s: &mut Scratch,
+    d: &Dims,
+    w: &DeviceWeights,
+    kv: &KvPools,
+    li: usize,
+    m: &Meta,
+    a: &Acts,
+    batch: &ForwardBatch,
+) -> Result<(), GpuError> {
+    let n = batch.token_ids.len();
+    let (h, hd, qd, kvd, sz) = (d.hidden, d.head_dim, d.q_dim(), d.kv_dim(), l.t.size());
+    let lw = &w.layers[li];
+    let (kc, vc) = (kv.layer_ptr(li, 0), kv.layer_ptr(li, 1));
+    let rows = l.rows(n);
+    let rotary = [
+        m.positions.arg(),
+        a.q.arg(),
+        a.k.arg(),
+        w.cos_sin.ptr.arg(),
+        u(d.heads),
+        u(d.kv_heads),
+        u(hd),
+        u(hd),
+    ];
+    let cache = [
+        a.k.arg(),
+        a.v.arg(),
+        kc.arg(),
+        vc.arg(),
+        m.slots.arg(),
+        u(d.kv_heads),
+        u(hd),
+        u(kvd),
+        u(kvd),
+    ];
+    // SAFETY: every activation buffer holds `n` rows of its width
+    // (`activations`); the weights are `[out, in]` matrices of the model's
+    // dimensions (q, k, v are row ranges of the fused qkv matrix); the batch
+    // was validated (positions inside the rotary table, slots and block ids
+    // inside the pool, spans consistent), so every access the kernels'
+    // `# Safety` sections describe is in bounds.
+    unsafe {
+        l.rms_norm(d, a.h, a.x, lw.attn_norm.ptr, n)?;
+        l.gemm((n, qd, h), a.h, lw.qkv.ptr, a.q, false)?;
+        l.gemm((n, kvd, h), a.h, lw.qkv.ptr.offset(qd * h * sz), a.k, false)?;
+        l.gemm(
+            (n, kvd, h),
+            a.h,
+            lw.qkv.ptr.offset((qd + kvd) * h * sz),
+            a.v,
+            false,
+        )?;
+        l.run("rotary_embedding", None, rows, &rotary)?;
+        l.run("reshape_and_cache", None, rows, &cache)?;
+        attention(
+            l,
+            s,
+            d,
+            m,
+            batch,
+            kv.geometry().block_size,
+            a.q,
+            a.attn,
+            kc,
+            vc,
+        )?;
+        l.gemm((n, h, qd), a.attn, lw.o.ptr, a.x, true)?;
+        l.rms_norm(d, a.h, a.x, lw.ffn_norm.ptr, n)?;
+        l.gemm((n, 2 * d.inter, h), a.h, lw.gate_up.ptr, a.gate_up, false)?;
+        l.run(
+            "silu_and_mul",
+            None,
+            rows,
+            &[a.act.arg(), a.gate_up.arg(), u(d.inter)],
+        )?;
+        l.gemm((n, h, d.inter), a.act, lw.down.ptr, a.x, true)
+    }
+}
+
+/// Attention of one layer: decode kernels when every sequence has one query
+/// token, else the prefill kernel over the whole (mixed) batch.
+///
+/// # Safety
+/// As [`run`]: `q`/`out` hold the batch's tokens, `kc`/`vc` a layer's caches.
+#[allow(clippy::too_many_arguments)]
+unsafe fn attention(
+    l: &mut Launcher<'_>,
+    s: &mut Scratch,
+    d: &Dims,
+    m: &Meta,
+    batch: &ForwardBatch,
+    bs: usize,
+    q: DevPtr,
+    out: DevPtr,
+    kc: DevPtr,
+    vc: DevPtr,
+) -> Result<(), GpuError> {
+    let (n, seqs) = (batch.token_ids.len(), batch.seqs.len());
+    let hd = d.head_dim;
+    let scale = KernelArg::F32(1.0 / (hd as f32).sqrt());
+    let threads = l.dev.threads(ThreadsFor::Attention);
+    let common = [kc.arg(), vc.arg(), m.tables.arg(), m.context_lens.arg()];
+    let partitions = m.max_context.div_ceil(PARTITION).max(1);
+    if m.all_decode {
+        let single = m.max_context <= V1_MAX_CONTEXT && (partitions == 1 || seqs * d.heads > 512);
+        if single {
+            let cfg = geom::paged_attention_v1(
+                seqs as u32,
+                d.heads as u32,
+                m.max_context as u32,
+                threads,
+            );
+            let mut args = vec![out.arg(), q.arg()];
+            args.extend(common);
+            args.extend([u(d.kv_heads), scale, u(bs), u(m.max_blocks)]);
+            // SAFETY: forwarded to the caller; shared memory sized for the longest context.
+            return unsafe { l.run("paged_attention_v1", Some(hd), cfg, &args) };
+        }
+        let slots = seqs * d.heads * partitions;
+        let tmp = ensure(l.dev, &mut s.split_out, slots * hd * 4)?;
+        let maxl = ensure(l.dev, &mut s.split_max, slots * 4)?;
+        let sums = ensure(l.dev, &mut s.split_sum, slots * 4)?;
+        let cfg = geom::paged_attention_v2(
+            seqs as u32,
+            d.heads as u32,
+            m.max_context as u32,
+            PARTITION as u32,
+            threads,
+        );
+        let mut args = vec![tmp.arg(), maxl.arg(), sums.arg(), q.arg()];
+        args.extend(common);
+        args.extend([u(d.kv_heads), scale, u(bs), u(m.max_blocks), u(PARTITION)]);
+        // SAFETY: forwarded; scratch sized for `partitions` partitions per (seq, head).
+        unsafe { l.run("paged_attention_v2", Some(hd), cfg, &args) }?;
+        let cfg = geom::paged_attention_v2_reduce(seqs as u32, d.heads as u32, threads);
+        let args = [
+            out.arg(),
+            tmp.arg(),
+            maxl.arg(),
+            sums.arg(),
+            m.context_lens.arg(),
+            u(PARTITION),
+            u(partitions),
+        ];
+        // SAFETY: as above, reading what v2 wrote.
+        return unsafe { l.run("paged_attention_v2_reduce", Some(hd), cfg, &args) };
+    }
+    let limit = l.dev.max_shared_bytes();
+    if 4 * m.max_context > limit {
+        return Err(GpuError::Unsupported(format!(
+            "prefill attention keeps a context's logits in shared memory: a context of {} tokens \
+             is over this device's limit of {} tokens",
+            m.max_context,
+            limit / 4
+        )));
+    }
+    let cfg = geom::prefill_attention(n as u32, d.heads as u32, m.max_context as u32, threads);
+    let mut args = vec![out.arg(), q.arg()];
+    args.extend(common);
+    args.extend([
+        m.query_start.arg(),
+        u(seqs),
+        u(d.kv_heads),
+        scale,
+        u(bs),
+        u(m.max_blocks),
+    ]);
+    // SAFETY: forwarded; query_start_loc has `seqs + 1` entries from 0, each
+    // span's query is its last tokens (validated).
+    unsafe { l.run("prefill_attention", Some(hd), cfg, &args) }
+}
+
+/// A one-sequence prefill of `tokens` tokens over blocks `0..` (the profile run).
+pub fn profile_batch(tokens: usize, block_size: usize) -> ForwardBatch {
+    let blocks = tokens.div_ceil(block_size);
+    ForwardBatch {
+        token_ids: vec![0; tokens],
+        positions: (0..tokens).collect(),
+        slot_mapping: (0..tokens).collect(),
+        seqs: vec![SeqSpan {
+            query_len: tokens,
+            context_len: tokens,
+            block_table: (0..blocks as u32).map(BlockId).collect(),
+        }],
+        logits_rows: vec![tokens - 1],
+    }
+}

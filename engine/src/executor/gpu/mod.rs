@@ -1,0 +1,276 @@
+//! The GPU executor: the same [`Executor`] contract as the CPU executor, run
+//! through the `gpu-kernels` entry points and GEMMs on a [`Device`].
+//!
+//! - [`device`]: the [`Device`] trait (memory, copies, launches by name, GEMM).
+//! - [`emu`]: [`EmuDevice`], the device on the host emulator (always built;
+//!   tests the orchestration everywhere).
+//! - `cuda` (feature `cuda`): `CudaDevice` on cudarc with dynamic loading,
+//!   the PTX from `cargo xtask build-ptx`, cuBLAS GEMMs.
+//! - [`weights`]: weights converted to the executor's dtype and uploaded once.
+//! - [`forward`]: one step's forward pass (metadata upload, per-layer kernels).
+//! - [`blocks`]: the KV pools and the block operations (swap out, swap in,
+//!   copy-on-write `copy_blocks`).
+//!
+//! Invariants: the KV layout is the CPU's (`[num_blocks, block_size,
+//! num_kv_heads, head_dim]` per layer, K and V); every batch is validated by
+//! the same code as on the CPU before anything is launched, and every block id
+//! of a step's block operations is checked before anything moves, so a bad
+//! batch leaves both pools untouched; block operations run before the forward
+//! pass that needs them (the swap stream is fenced before compute).
+
+pub mod blocks;
+pub mod device;
+pub mod emu;
+pub mod forward;
+pub mod weights;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+pub use device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
+pub use emu::EmuDevice;
+
+use super::{BlockOps, ExecError, Executor, ForwardBatch, Logits};
+use crate::model::LlamaModel;
+use blocks::KvPools;
+use forward::{Dims, Scratch};
+use thiserror::Error;
+use weights::DeviceWeights;
+
+/// Head sizes the attention entry points are built for.
+pub use gpu_kernels::attention::HEAD_SIZES as SUPPORTED_HEAD_DIMS;
+
+/// Errors of the GPU executor and its devices.
+#[derive(Debug, Error)]
+pub enum GpuError {
+    /// No usable CUDA driver or device (or the `cuda` feature is off).
+    #[error("no CUDA device: {0}")]
+    Unavailable(String),
+    /// The model or configuration needs something the GPU path lacks.
+    #[error("not supported on the GPU executor: {0}")]
+    Unsupported(String),
+    /// The PTX could not be found or loaded.
+    #[error("PTX: {0}")]
+    Ptx(String),
+    /// The device has too little memory for what was asked.
+    #[error("out of device memory: {0}")]
+    OutOfMemory(String),
+    /// A driver, cuBLAS or emulator call failed.
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+impl From<GpuError> for ExecError {
+    fn from(e: GpuError) -> Self {
+        ExecError::Device(e.to_string())
+    }
+}
+
+/// How many KV blocks the executor gets.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KvSizing {
+    /// Exactly these many device and CPU swap blocks.
+    Blocks { gpu: usize, cpu: usize },
+    /// vLLM's profile: after the weights and one forward pass of
+    /// `max_num_batched_tokens` tokens, device blocks fill `fraction` of the
+    /// device's total memory; the swap pool has `swap_bytes` of host memory.
+    Utilization {
+        fraction: f64,
+        swap_bytes: usize,
+        max_num_batched_tokens: usize,
+    },
+}
+
+/// Options of a [`GpuExecutor`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuOptions {
+    /// Element type of weights, activations and the KV cache.
+    pub dtype: DType,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    pub kv: KvSizing,
+}
+
+/// Runs a Llama-family model on a [`Device`] over a paged KV cache.
+pub struct GpuExecutor<D: Device> {
+    dev: D,
+    dims: Dims,
+    dtype: DType,
+    weights: DeviceWeights,
+    kv: KvPools,
+    scratch: Scratch,
+}
+
+impl<D: Device> GpuExecutor<D> {
+    /// Uploads `model` to `dev` and sizes the KV pools. The caller may drop
+    /// `model` afterwards (the device holds its own copy).
+    pub fn new(mut dev: D, model: &LlamaModel, opts: GpuOptions) -> Result<Self, GpuError> {
+        let dims = Dims::of(model)?;
+        if opts.block_size == 0 {
+            return Err(GpuError::Unsupported("block_size must be positive".into()));
+        }
+        let weights = DeviceWeights::upload(&mut dev, model, opts.dtype)?;
+        let geom = |blocks| model.kv_geometry(blocks, opts.block_size);
+        let (gpu_blocks, cpu_blocks) = match opts.kv {
+            KvSizing::Blocks { gpu, cpu } => (gpu, cpu),
+            KvSizing::Utilization {
+                fraction,
+                swap_bytes,
+                max_num_batched_tokens,
+            } => {
+                let per_block = KvPools::bytes_per_block(&geom(1), opts.dtype);
+                let profiled = profile_free_bytes(
+                    &mut dev,
+                    dims,
+                    &weights,
+                    opts,
+                    max_num_batched_tokens.min(dims.max_positions),
+                    geom,
+                )?;
+                let gpu = blocks_for_fraction(profiled, fraction, per_block)?;
+                (gpu, swap_bytes / per_block)
+            }
+        };
+        if gpu_blocks == 0 {
+            return Err(GpuError::OutOfMemory(
+                "no room for a single KV block".into(),
+            ));
+        }
+        let kv = KvPools::new(&mut dev, geom(gpu_blocks), cpu_blocks, opts.dtype)?;
+        tracing::info!(
+            device = %dev.describe(),
+            weights_mib = weights.bytes >> 20,
+            gpu_blocks,
+            cpu_blocks,
+            "GPU executor ready"
+        );
+        Ok(Self {
+            dev,
+            dims,
+            dtype: opts.dtype,
+            weights,
+            kv,
+            scratch: Scratch::default(),
+        })
+    }
+
+    /// The device (tests read the emulator's counters).
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    /// One block's K and V of every layer, as f32, for the device pool
+    /// (`host == false`) or the swap pool: `[layer][K, V][block elements]`.
+    /// Used by tests to compare pools with the CPU executor.
+    pub fn read_block(&mut self, block: usize, host: bool) -> Result<Vec<Vec<f32>>, GpuError> {
+        self.kv.read_block(&mut self.dev, block, host)
+    }
+
+    /// Writes one device block's K (`kv == 0`) or V of `layer` (tests).
+    pub fn write_block(
+        &mut self,
+        layer: usize,
+        kv: usize,
+        block: usize,
+        values: &[f32],
+    ) -> Result<(), GpuError> {
+        self.kv.write_block(&mut self.dev, layer, kv, block, values)
+    }
+}
+
+/// Free device bytes after a forward pass of `tokens` tokens on a temporary
+/// pool just big enough for it (weights, workspace and library workspaces are
+/// then all allocated, as vLLM's profile run does).
+fn profile_free_bytes<D: Device>(
+    dev: &mut D,
+    dims: Dims,
+    weights: &DeviceWeights,
+    opts: GpuOptions,
+    tokens: usize,
+    geom: impl Fn(usize) -> crate::model::KvGeometry,
+) -> Result<(usize, usize), GpuError> {
+    let tokens = tokens.max(1);
+    let blocks = tokens.div_ceil(opts.block_size);
+    let pool = KvPools::new(dev, geom(blocks), 0, opts.dtype)?;
+    let batch = forward::profile_batch(tokens, opts.block_size);
+    let mut scratch = Scratch::default();
+    let run = forward::run(dev, dims, opts.dtype, weights, &pool, &mut scratch, &batch);
+    let info = dev.mem_info();
+    scratch.release(dev)?;
+    pool.release(dev)?;
+    run?;
+    info.ok_or_else(|| {
+        GpuError::Unsupported(
+            "this device cannot report its memory: give the KV pool size in blocks".into(),
+        )
+    })
+}
+
+/// Device blocks that fit in `fraction` of total memory given what the
+/// profile left free: `(free - total * (1 - fraction)) / per_block`.
+fn blocks_for_fraction(
+    (free, total): (usize, usize),
+    fraction: f64,
+    per_block: usize,
+) -> Result<usize, GpuError> {
+    if !(fraction > 0.0 && fraction <= 1.0) {
+        return Err(GpuError::Unsupported(format!(
+            "gpu memory utilization must be in (0, 1], got {fraction}"
+        )));
+    }
+    let reserve = (total as f64 * (1.0 - fraction)) as usize;
+    let avail = free.saturating_sub(reserve);
+    let blocks = avail / per_block.max(1);
+    if blocks == 0 {
+        return Err(GpuError::OutOfMemory(format!(
+            "after the weights and the profile run {} MiB are free of {} MiB; \
+             utilization {fraction} leaves no room for a KV block of {per_block} bytes",
+            free >> 20,
+            total >> 20
+        )));
+    }
+    Ok(blocks)
+}
+
+impl<D: Device> Executor for GpuExecutor<D> {
+    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
+        self.kv.apply(&mut self.dev, ops)?;
+        if batch.token_ids.is_empty() && batch.logits_rows.is_empty() {
+            return Ok(Logits {
+                rows: 0,
+                vocab: self.dims.vocab,
+                data: Vec::new(),
+            });
+        }
+        crate::model::batch::validate(
+            batch,
+            &self.kv.geometry(),
+            self.dims.vocab,
+            self.dims.max_positions,
+        )?;
+        Ok(forward::run(
+            &mut self.dev,
+            self.dims,
+            self.dtype,
+            &self.weights,
+            &self.kv,
+            &mut self.scratch,
+            batch,
+        )?)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.dims.vocab
+    }
+
+    fn num_blocks(&self) -> (usize, usize) {
+        (self.kv.num_blocks(), self.kv.num_cpu_blocks())
+    }
+
+    fn block_size(&self) -> usize {
+        self.kv.geometry().block_size
+    }
+}
+
+#[cfg(test)]
+mod tests;

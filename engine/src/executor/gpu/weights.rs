@@ -1,0 +1,88 @@
+//! Model weights on the device: converted once from [`LlamaModel`]'s f32
+//! matrices to the executor's [`DType`] and uploaded, one allocation per
+//! tensor. Layouts are unchanged (`[out, in]` row-major; q/k/v and gate/up
+//! fused), so a projection's GEMM reads a row range of the fused matrix.
+
+use super::device::{DType, DevBuf, DevPtr, Device};
+use super::GpuError;
+use crate::model::LlamaModel;
+
+/// One decoder layer on the device.
+pub struct LayerWeights {
+    pub attn_norm: DevBuf,
+    /// `[q + 2 kv, hidden]`.
+    pub qkv: DevBuf,
+    pub o: DevBuf,
+    pub ffn_norm: DevBuf,
+    /// `[2 * intermediate, hidden]`, gate rows then up rows.
+    pub gate_up: DevBuf,
+    pub down: DevBuf,
+}
+
+/// Every weight of the model on the device, plus the rotary table.
+pub struct DeviceWeights {
+    pub embedding: DevBuf,
+    /// `None` when tied to the embedding.
+    pub lm_head: Option<DevBuf>,
+    pub final_norm: DevBuf,
+    pub layers: Vec<LayerWeights>,
+    /// `f32[max_positions, head_dim]`: cosines then sines per position.
+    pub cos_sin: DevBuf,
+    /// Bytes uploaded.
+    pub bytes: usize,
+}
+
+impl DeviceWeights {
+    /// The LM head's address (the embedding when tied).
+    pub fn lm_head_ptr(&self) -> DevPtr {
+        self.lm_head.as_ref().unwrap_or(&self.embedding).ptr
+    }
+
+    /// Converts and uploads `model`'s weights. Refuses what the GPU forward
+    /// pass does not implement (q/k/v biases) with [`GpuError::Unsupported`].
+    /// O(parameters).
+    pub fn upload(dev: &mut dyn Device, model: &LlamaModel, t: DType) -> Result<Self, GpuError> {
+        let w = model.weights();
+        if w.layers.iter().any(|l| l.qkv_bias.is_some()) {
+            return Err(GpuError::Unsupported(
+                "q/k/v projection biases (Qwen2) are not implemented on the GPU executor; use --device cpu".into(),
+            ));
+        }
+        let mut bytes = 0;
+        let mut put = |dev: &mut dyn Device, v: &[f32], t: DType| -> Result<DevBuf, GpuError> {
+            let data = t.encode(v);
+            let buf = dev.alloc(data.len())?;
+            dev.upload(buf.ptr, &data)?;
+            bytes += data.len();
+            Ok(buf)
+        };
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            layers.push(LayerWeights {
+                attn_norm: put(dev, l.attn_norm, t)?,
+                qkv: put(dev, l.qkv, t)?,
+                o: put(dev, l.o, t)?,
+                ffn_norm: put(dev, l.ffn_norm, t)?,
+                gate_up: put(dev, l.gate_up, t)?,
+                down: put(dev, l.down, t)?,
+            });
+        }
+        let embedding = put(dev, w.embedding, t)?;
+        let tied = std::ptr::eq(w.lm_head.as_ptr(), w.embedding.as_ptr());
+        let lm_head = if tied {
+            None
+        } else {
+            Some(put(dev, w.lm_head, t)?)
+        };
+        let final_norm = put(dev, w.final_norm, t)?;
+        let cos_sin = put(dev, &w.rope.cos_sin_cache(), DType::F32)?;
+        Ok(Self {
+            embedding,
+            lm_head,
+            final_norm,
+            layers,
+            cos_sin,
+            bytes,
+        })
+    }
+}
