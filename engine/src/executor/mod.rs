@@ -1,13 +1,17 @@
 //! Executors run one step: block operations, then the forward pass.
 //!
 //! The scheduler builds a [`ForwardBatch`] and [`BlockOps`] and never knows
-//! which executor runs them (CPU today; CUDA behind the `cuda` feature).
+//! which executor runs them: [`CpuExecutor`], or [`gpu::GpuExecutor`] on the
+//! host-emulated device (tests) or on CUDA (feature `cuda`).
+//! [`build_executor`] picks one for `--device auto|cpu|cuda`.
 
 pub mod cpu;
 pub mod gpu;
+pub mod select;
 
 pub use cpu::generate::{argmax, generate_greedy, ContiguousLayout};
 pub use cpu::CpuExecutor;
+pub use select::{build_executor, BuiltExecutor, DeviceKind, ExecutorRequest};
 
 use crate::kv::{BlockCopy, BlockId};
 use thiserror::Error;

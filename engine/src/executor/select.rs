@@ -1,0 +1,178 @@
+//! Choosing and building the executor (`--device auto|cpu|cuda`).
+//!
+//! `auto` takes CUDA when this build has the `cuda` feature and a driver and
+//! device answer, and otherwise the CPU, saying why in the returned
+//! description. `cuda` never falls back: without the feature or a driver it is
+//! an [`ExecError::Device`] naming the reason. Pool sizes: on the CPU from
+//! byte budgets (or an exact block count); on CUDA from vLLM's
+//! `gpu_memory_utilization` profile (or an exact block count).
+
+use super::gpu::DType;
+use super::{CpuExecutor, ExecError, Executor};
+use crate::model::LlamaModel;
+
+/// Which executor runs the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeviceKind {
+    /// CUDA when available, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// What the caller wants of the executor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExecutorRequest {
+    pub device: DeviceKind,
+    pub block_size: usize,
+    /// Exact accelerator pool size in blocks (overrides the budgets below).
+    pub num_gpu_blocks: Option<usize>,
+    /// CPU executor: bytes of the KV pool.
+    pub cpu_kv_cache_bytes: usize,
+    /// Host swap pool, bytes (both executors).
+    pub swap_bytes: usize,
+    /// CUDA: fraction of device memory for weights, activations and KV cache.
+    pub gpu_memory_utilization: f64,
+    /// CUDA: the profile run's batch size in tokens.
+    pub max_num_batched_tokens: usize,
+    /// CUDA: element type of weights, activations and KV cache.
+    pub dtype: DType,
+}
+
+/// The built executor and a line saying what it is (for the startup log).
+pub struct BuiltExecutor {
+    pub executor: Box<dyn Executor>,
+    pub description: String,
+}
+
+/// Builds the executor `req` asks for (see the module docs).
+pub fn build_executor(
+    model: LlamaModel,
+    req: &ExecutorRequest,
+) -> Result<BuiltExecutor, ExecError> {
+    match req.device {
+        DeviceKind::Cpu => cpu(model, req, "cpu (--device cpu)".into()),
+        DeviceKind::Cuda => cuda(&model, req),
+        DeviceKind::Auto => match cuda_unavailable_reason() {
+            None => cuda(&model, req),
+            Some(why) => cpu(model, req, format!("cpu (--device auto: {why})")),
+        },
+    }
+}
+
+fn cpu(
+    model: LlamaModel,
+    req: &ExecutorRequest,
+    description: String,
+) -> Result<BuiltExecutor, ExecError> {
+    let per_block = CpuExecutor::bytes_per_block(&model, req.block_size).max(1);
+    let gpu_blocks = req
+        .num_gpu_blocks
+        .unwrap_or(req.cpu_kv_cache_bytes / per_block);
+    let cpu_blocks = req.swap_bytes / per_block;
+    let executor = CpuExecutor::new(model, gpu_blocks, cpu_blocks, req.block_size)?;
+    Ok(BuiltExecutor {
+        executor: Box::new(executor),
+        description,
+    })
+}
+
+/// `None` when a CUDA executor can be tried, else why not.
+pub fn cuda_unavailable_reason() -> Option<String> {
+    #[cfg(feature = "cuda")]
+    {
+        super::gpu::cuda::probe(0).err().map(|e| e.to_string())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Some("this build has no CUDA support (build with `--features cuda`)".into())
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(model: &LlamaModel, req: &ExecutorRequest) -> Result<BuiltExecutor, ExecError> {
+    use super::gpu::{cuda::CudaDevice, GpuExecutor, GpuOptions, KvSizing};
+    let dev = CudaDevice::new(0)?;
+    let kv = match req.num_gpu_blocks {
+        Some(gpu) => KvSizing::Blocks {
+            gpu,
+            cpu: req.swap_bytes / gpu_bytes_per_block(model, req),
+        },
+        None => KvSizing::Utilization {
+            fraction: req.gpu_memory_utilization,
+            swap_bytes: req.swap_bytes,
+            max_num_batched_tokens: req.max_num_batched_tokens,
+        },
+    };
+    let opts = GpuOptions {
+        dtype: req.dtype,
+        block_size: req.block_size,
+        kv,
+    };
+    let description = format!("cuda: {}", super::gpu::Device::describe(&dev));
+    let exec = GpuExecutor::new(dev, model, opts)?;
+    Ok(BuiltExecutor {
+        executor: Box::new(exec),
+        description,
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_bytes_per_block(model: &LlamaModel, req: &ExecutorRequest) -> usize {
+    super::gpu::blocks::KvPools::bytes_per_block(&model.kv_geometry(1, req.block_size), req.dtype)
+        .max(1)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_: &LlamaModel, _: &ExecutorRequest) -> Result<BuiltExecutor, ExecError> {
+    Err(ExecError::Device(
+        "--device cuda: this build has no CUDA support; rebuild with `cargo build --release --features cuda`".into(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::test_util::{random_weights, tiny_config};
+
+    fn req(device: DeviceKind) -> ExecutorRequest {
+        ExecutorRequest {
+            device,
+            block_size: 4,
+            num_gpu_blocks: Some(8),
+            cpu_kv_cache_bytes: 0,
+            swap_bytes: 0,
+            gpu_memory_utilization: 0.9,
+            max_num_batched_tokens: 64,
+            dtype: DType::Bf16,
+        }
+    }
+
+    fn model() -> LlamaModel {
+        let c = tiny_config(false, None);
+        LlamaModel::new(c.clone(), random_weights(&c, 2)).expect("model")
+    }
+
+    #[test]
+    fn cpu_is_built_as_asked_and_auto_says_why_it_fell_back() {
+        let b = build_executor(model(), &req(DeviceKind::Cpu)).expect("cpu");
+        assert_eq!(b.executor.num_blocks(), (8, 0));
+        match cuda_unavailable_reason() {
+            Some(why) => {
+                let b = build_executor(model(), &req(DeviceKind::Auto)).expect("auto");
+                assert!(b.description.contains(&why), "{}", b.description);
+                // Explicit CUDA never falls back.
+                let e = build_executor(model(), &req(DeviceKind::Cuda))
+                    .err()
+                    .expect("refused");
+                assert!(matches!(e, ExecError::Device(_)), "{e}");
+                println!("SKIP cuda executor: {why}");
+            }
+            None => {
+                let b = build_executor(model(), &req(DeviceKind::Cuda)).expect("cuda");
+                assert!(b.description.starts_with("cuda"), "{}", b.description);
+            }
+        }
+    }
+}
