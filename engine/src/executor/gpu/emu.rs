@@ -1,7 +1,7 @@
 //! [`EmuDevice`]: the GPU executor's device on the host. Memory is host
 //! memory, kernels run on the `gpu-kernels` host emulator (the very source
-//! that becomes the PTX), GEMMs are a plain `f32`-accumulating loop over the
-//! stored element types. Streams are trivially ordered: everything runs
+//! that becomes the PTX), GEMMs widen the stored element types to `f32` and run
+//! the CPU backend's GEMM. Streams are trivially ordered: everything runs
 //! synchronously in call order, which satisfies the device ordering contract.
 //!
 //! It exists so that the executor's orchestration (buffer layouts, kernel
@@ -184,13 +184,9 @@ impl Device for EmuDevice {
         } else {
             vec![0.0; g.m * g.n]
         };
-        for (i, row) in c.chunks_exact_mut(g.n.max(1)).enumerate().take(g.m) {
-            let x = &a[i * g.k..(i + 1) * g.k];
-            for (j, out) in row.iter_mut().enumerate() {
-                let w = &b[j * g.k..(j + 1) * g.k];
-                *out += x.iter().zip(w).map(|(p, q)| p * q).sum::<f32>();
-            }
-        }
+        // The CPU backend's GEMM on the widened values: f32 accumulation, as cuBLAS's
+        // CUBLAS_COMPUTE_32F (the summation order differs, as it would on a GPU).
+        crate::model::linear::matmul_wt(&a, g.m, &b, g.n, g.k, &mut c, g.accumulate);
         let bytes = g.c_type.encode(&c);
         self.region(g.c, bytes.len())?.copy_from_slice(&bytes);
         Ok(())
