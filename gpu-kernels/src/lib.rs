@@ -42,5 +42,7 @@ mod storage;
 
 pub use entries::KERNELS;
 pub use launch::{Dim3, LaunchConfig};
-pub use sig::{check_args, find_kernel, ArgMismatch, KernelArg, KernelSig, ParamKind, ParamSig};
+#[cfg(not(target_arch = "nvptx64"))]
+pub use sig::{check_args, find_kernel, ArgMismatch, KernelArg};
+pub use sig::{KernelSig, ParamKind, ParamSig};
 pub use storage::Storage;

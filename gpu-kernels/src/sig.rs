@@ -60,122 +60,127 @@ impl KernelParam for f32 {
     const KIND: ParamKind = ParamKind::F32;
 }
 
-/// One kernel argument as a host passes it: a device address or a scalar.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum KernelArg {
-    /// A device address (on the emulator: a host address).
-    Ptr(u64),
-    /// A `u32` scalar.
-    U32(u32),
-    /// An `f32` scalar.
-    F32(f32),
-}
+#[cfg(not(target_arch = "nvptx64"))]
+pub use host::*;
 
-impl KernelArg {
-    /// How the argument is passed.
-    pub const fn kind(&self) -> ParamKind {
-        match self {
-            KernelArg::Ptr(_) => ParamKind::Ptr,
-            KernelArg::U32(_) => ParamKind::U32,
-            KernelArg::F32(_) => ParamKind::F32,
+/// Host-side launching helpers (never compiled for nvptx: they would pull
+/// `memcmp` and formatting into the PTX).
+#[cfg(not(target_arch = "nvptx64"))]
+mod host {
+    use super::{KernelSig, ParamKind};
+
+    /// One kernel argument as a host passes it: a device address or a scalar.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub enum KernelArg {
+        /// A device address (on the emulator: a host address).
+        Ptr(u64),
+        /// A `u32` scalar.
+        U32(u32),
+        /// An `f32` scalar.
+        F32(f32),
+    }
+
+    impl KernelArg {
+        /// How the argument is passed.
+        pub const fn kind(&self) -> ParamKind {
+            match self {
+                KernelArg::Ptr(_) => ParamKind::Ptr,
+                KernelArg::U32(_) => ParamKind::U32,
+                KernelArg::F32(_) => ParamKind::F32,
+            }
         }
     }
-}
 
-/// The signature of entry point `name`, if there is one.
-pub fn find_kernel(name: &str) -> Option<KernelSig> {
-    crate::KERNELS.iter().find(|k| k.name == name).copied()
-}
-
-/// Checks that `args` has the number and kinds of `sig`'s parameters; the message
-/// names the entry point and the first mismatch. O(parameters).
-pub fn check_args(sig: &KernelSig, args: &[KernelArg]) -> Result<(), ArgMismatch> {
-    if sig.params.len() != args.len() {
-        return Err(ArgMismatch {
-            kernel: sig.name,
-            index: args.len().min(sig.params.len()),
-            detail: "wrong number of arguments",
-        });
+    /// The signature of entry point `name`, if there is one.
+    pub fn find_kernel(name: &str) -> Option<KernelSig> {
+        crate::KERNELS.iter().find(|k| k.name == name).copied()
     }
-    match sig
-        .params
-        .iter()
-        .zip(args)
-        .position(|(p, a)| p.kind != a.kind())
-    {
-        Some(index) => Err(ArgMismatch {
-            kernel: sig.name,
-            index,
-            detail: "wrong argument kind",
-        }),
-        None => Ok(()),
-    }
-}
 
-/// An argument list that does not fit an entry point.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ArgMismatch {
-    /// The entry point.
-    pub kernel: &'static str,
-    /// Index of the first argument that does not fit.
-    pub index: usize,
-    /// What is wrong.
-    pub detail: &'static str,
-}
-
-impl core::fmt::Display for ArgMismatch {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let p = crate::sig::find_kernel(self.kernel)
-            .and_then(|s| s.params.get(self.index).copied())
-            .map_or("(none)", |p| p.name);
-        write!(
-            f,
-            "{}: {} at argument {} ({p})",
-            self.kernel, self.detail, self.index
-        )
-    }
-}
-
-/// Decodes a [`KernelArg`] into a host entry point's parameter (emulator only).
-#[cfg(not(target_arch = "nvptx64"))]
-pub trait FromKernelArg: Sized {
-    /// The parameter, or `None` when the argument's kind differs.
-    fn from_arg(a: KernelArg) -> Option<Self>;
-}
-
-#[cfg(not(target_arch = "nvptx64"))]
-impl<T> FromKernelArg for *const T {
-    fn from_arg(a: KernelArg) -> Option<Self> {
-        match a {
-            KernelArg::Ptr(p) => Some(p as usize as *const T),
-            _ => None,
+    /// Checks that `args` has the number and kinds of `sig`'s parameters; the message
+    /// names the entry point and the first mismatch. O(parameters).
+    pub fn check_args(sig: &KernelSig, args: &[KernelArg]) -> Result<(), ArgMismatch> {
+        if sig.params.len() != args.len() {
+            return Err(ArgMismatch {
+                kernel: sig.name,
+                index: args.len().min(sig.params.len()),
+                detail: "wrong number of arguments",
+            });
+        }
+        match sig
+            .params
+            .iter()
+            .zip(args)
+            .position(|(p, a)| p.kind != a.kind())
+        {
+            Some(index) => Err(ArgMismatch {
+                kernel: sig.name,
+                index,
+                detail: "wrong argument kind",
+            }),
+            None => Ok(()),
         }
     }
-}
-#[cfg(not(target_arch = "nvptx64"))]
-impl<T> FromKernelArg for *mut T {
-    fn from_arg(a: KernelArg) -> Option<Self> {
-        match a {
-            KernelArg::Ptr(p) => Some(p as usize as *mut T),
-            _ => None,
+
+    /// An argument list that does not fit an entry point.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct ArgMismatch {
+        /// The entry point.
+        pub kernel: &'static str,
+        /// Index of the first argument that does not fit.
+        pub index: usize,
+        /// What is wrong.
+        pub detail: &'static str,
+    }
+
+    impl core::fmt::Display for ArgMismatch {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            let p = crate::sig::find_kernel(self.kernel)
+                .and_then(|s| s.params.get(self.index).copied())
+                .map_or("(none)", |p| p.name);
+            write!(
+                f,
+                "{}: {} at argument {} ({p})",
+                self.kernel, self.detail, self.index
+            )
         }
     }
-}
-#[cfg(not(target_arch = "nvptx64"))]
-impl FromKernelArg for u32 {
-    fn from_arg(a: KernelArg) -> Option<Self> {
-        match a {
-            KernelArg::U32(v) => Some(v),
-            _ => None,
+
+    /// Decodes a [`KernelArg`] into a host entry point's parameter (emulator only).
+    pub trait FromKernelArg: Sized {
+        /// The parameter, or `None` when the argument's kind differs.
+        fn from_arg(a: KernelArg) -> Option<Self>;
+    }
+
+    impl<T> FromKernelArg for *const T {
+        fn from_arg(a: KernelArg) -> Option<Self> {
+            match a {
+                KernelArg::Ptr(p) => Some(p as usize as *const T),
+                _ => None,
+            }
         }
     }
-}
-#[cfg(not(target_arch = "nvptx64"))]
-impl FromKernelArg for f32 {
-    fn from_arg(a: KernelArg) -> Option<Self> {
-        match a {
-            KernelArg::F32(v) => Some(v),
-            _ => None,
+    impl<T> FromKernelArg for *mut T {
+        fn from_arg(a: KernelArg) -> Option<Self> {
+            match a {
+                KernelArg::Ptr(p) => Some(p as usize as *mut T),
+                _ => None,
+            }
+        }
+    }
+    impl FromKernelArg for u32 {
+        fn from_arg(a: KernelArg) -> Option<Self> {
+            match a {
+                KernelArg::U32(v) => Some(v),
+                _ => None,
+            }
+        }
+    }
+    impl FromKernelArg for f32 {
+        fn from_arg(a: KernelArg) -> Option<Self> {
+            match a {
+                KernelArg::F32(v) => Some(v),
+                _ => None,
+            }
         }
     }
 }
