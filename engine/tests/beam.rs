@@ -54,6 +54,20 @@ fn reference(
     stops: &[u32],
     lp: f32,
 ) -> Hyps {
+    reference_with(prompt, width, n, max_tokens, stops, lp, false)
+}
+
+/// [`reference`] with `early_stopping`: stop as soon as `width`
+/// hypotheses are finished.
+fn reference_with(
+    prompt: &[u32],
+    width: usize,
+    n: usize,
+    max_tokens: usize,
+    stops: &[u32],
+    lp: f32,
+    early: bool,
+) -> Hyps {
     let mut eng = engine(&Setup::default());
     let mut id = 0;
     let mut beams: Vec<(Vec<u32>, f64)> = vec![(Vec::new(), 0.0)];
@@ -102,7 +116,7 @@ fn reference(
             .iter()
             .map(|b| score(b.1, step, lp))
             .fold(f64::NEG_INFINITY, f64::max);
-        if beams.is_empty() || (s.len() >= width && best_live <= s[width - 1]) {
+        if beams.is_empty() || (s.len() >= width && (early || best_live <= s[width - 1])) {
             break;
         }
     }
@@ -247,4 +261,46 @@ fn beam_search_survives_swap_and_recompute() {
         );
         assert_pools_full(&eng);
     }
+}
+
+#[test]
+fn early_stopping_ends_the_search_at_width_hypotheses() {
+    // Stop tokens: the second-best first token (a hypothesis at step 1),
+    // and one of the best beam's step-2 candidates. Among those candidates,
+    // find one where the two stopping rules give different results, then
+    // check the engine follows each rule.
+    let prompt = prompts(25, 1, 9, 9).remove(0);
+    let mut eng = engine(&Setup::default());
+    let mut id = 0;
+    let first = next_logprobs(&mut eng, &mut id, &prompt, 4);
+    let mut after = prompt.clone();
+    after.push(first[0].0);
+    let second = next_logprobs(&mut eng, &mut id, &after, 6);
+    let (width, n, max_tokens, lp) = (2, 2, 8, 1.0f32);
+    let mut distinguished = 0;
+    for &(t2, _) in &second {
+        let stops = [first[1].0, t2];
+        let want_early = reference_with(&prompt, width, n, max_tokens, &stops, lp, true);
+        let want_late = reference_with(&prompt, width, n, max_tokens, &stops, lp, false);
+        if want_early == want_late {
+            continue;
+        }
+        distinguished += 1;
+        for (early, want) in [(true, &want_early), (false, &want_late)] {
+            let mut params = beam_params(width, n, max_tokens, &stops, lp);
+            params.sampling.early_stopping = early;
+            let (got, eng) = run_engine(&Setup::default(), &prompt, params);
+            let got_tokens: Vec<&Vec<u32>> = got.iter().map(|g| &g.0).collect();
+            let want_tokens: Vec<&Vec<u32>> = want.iter().map(|h| &h.0).collect();
+            assert_eq!(
+                got_tokens, want_tokens,
+                "early_stopping {early}, stops {stops:?}"
+            );
+            assert_pools_full(&eng);
+        }
+    }
+    assert!(
+        distinguished > 0,
+        "no stop-token choice separates the two rules on this prompt"
+    );
 }

@@ -10,7 +10,9 @@
 //! - dropping an [`OutputStream`] before its last item aborts the request in
 //!   the engine and frees its blocks;
 //! - every sequence index `0..n` ends with exactly one delta carrying a
-//!   `finish_reason`, then the stream ends.
+//!   `finish_reason`, then the stream ends;
+//! - `prompt_logprobs`, when asked, arrive on exactly one item, never after
+//!   the item that carries the first tokens.
 
 use futures_util::stream::BoxStream;
 use std::fmt;
@@ -41,6 +43,10 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
     pub use_beam_search: bool,
     pub length_penalty: f32,
+    /// Beam search stops as soon as `best_of` hypotheses are finished.
+    pub early_stopping: bool,
+    /// Top-k per prompt token for the prompt's logprobs (`None`: none).
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -63,6 +69,8 @@ impl Default for SamplingParams {
             logprobs: None,
             use_beam_search: false,
             length_penalty: 1.0,
+            early_stopping: false,
+            prompt_logprobs: None,
         }
     }
 }
@@ -107,6 +115,20 @@ pub struct TokenOut {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
+/// One prompt token's logprob (the first prompt token has none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptTokenLogprob {
+    pub token_id: u32,
+    pub logprob: f32,
+    /// 1-based rank in the model's distribution.
+    pub rank: usize,
+    /// The most likely alternatives `(token, logprob)`, best first.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// A prompt's logprobs: one entry per prompt token, `None` for the first.
+pub type PromptLogprobs = Vec<Option<PromptTokenLogprob>>;
+
 /// New tokens of sequence `index` since its previous delta.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SeqDelta {
@@ -121,6 +143,9 @@ pub struct StepOutput {
     pub seqs: Vec<SeqDelta>,
     /// Prompt tokens served from the prefix cache.
     pub num_cached_tokens: usize,
+    /// Set once per request that asked for `prompt_logprobs`, on its first
+    /// item with tokens (the final one when the engine buffers outputs).
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// A failure reported by the engine.

@@ -4,14 +4,15 @@
 //! Every sampling parameter is forwarded to the engine's `SamplingParams`.
 //! A request with `n > 1` (or `best_of`, or beam search) is one engine
 //! group whose sequences share the prompt's blocks; its outputs carry the
-//! sequence index. Top logprobs come from the engine per token.
+//! sequence index. Top logprobs come from the engine per token; prompt
+//! logprobs once per request.
 //!
 //! Invariant: dropping the returned stream drops every `RequestStream`,
 //! which aborts the requests in the engine and frees their blocks.
 
 use crate::backend::{
     Backend, BackendError, BackendLimits, BackendStats, EngineRequest, FinishReason, OutputStream,
-    SamplingParams, SeqDelta, StepOutput, TokenOut,
+    PromptTokenLogprob, SamplingParams, SeqDelta, StepOutput, TokenOut,
 };
 use engine::engine_loop::{EngineStats, HandleConfig, ShutdownMode};
 use engine::executor::CpuExecutor;
@@ -129,9 +130,22 @@ fn convert(out: RequestOutput, n: usize) -> StepOutput {
             finish_reason: s.finish_reason.map(map_reason),
         })
         .collect();
+    let prompt_logprobs = out.prompt_logprobs.map(|list| {
+        list.into_iter()
+            .map(|e| {
+                e.map(|e| PromptTokenLogprob {
+                    token_id: e.token,
+                    logprob: e.logprob,
+                    rank: e.rank,
+                    top_logprobs: e.top,
+                })
+            })
+            .collect()
+    });
     let mut step = StepOutput {
         seqs,
         num_cached_tokens: out.num_cached_tokens,
+        prompt_logprobs,
     };
     if out.finished && step.seqs.is_empty() {
         // An abort notice: close every sequence.
@@ -183,9 +197,10 @@ fn engine_params(p: &SamplingParams) -> RequestParams {
             seed: p.seed,
             min_tokens: p.min_tokens,
             logprobs: p.logprobs,
+            prompt_logprobs: p.prompt_logprobs,
             use_beam_search: p.use_beam_search,
             length_penalty: p.length_penalty,
-            early_stopping: false,
+            early_stopping: p.early_stopping,
         },
         ..RequestParams::default()
     }

@@ -10,10 +10,15 @@
 //!   as all its choices are finished, e.g. by stop strings, and all streams
 //!   are dropped when the [`Generation`] is (client gone);
 //! - latency metrics: TTFT once per request at its first token, ITL between
-//!   successive token-carrying deltas, e2e at the end.
+//!   successive token-carrying deltas, e2e at the end;
+//! - a prompt's logprobs (when asked) are kept per prompt, and flagged on
+//!   the deltas of the step that brought them: each choice's first delta.
+//!   `echo` with `max_tokens: 0` and logprobs asked still runs the prompt
+//!   (one token, discarded) so that its logprobs exist.
 
 use crate::backend::{
-    Backend, BackendError, EngineRequest, OutputStream, SeqDelta, StepOutput, TokenOut,
+    Backend, BackendError, EngineRequest, OutputStream, PromptLogprobs, SeqDelta, StepOutput,
+    TokenOut,
 };
 use crate::detok::{IncrementalDetokenizer, StopMatcher};
 use crate::error::ApiError;
@@ -37,6 +42,9 @@ pub struct ChoiceDelta {
     pub text: String,
     pub tokens: Vec<TokenOut>,
     pub finish_reason: Option<&'static str>,
+    /// This delta is the first after its prompt's logprobs arrived (they
+    /// are in [`Generation::prompt_logprobs`]).
+    pub prompt_logprobs: bool,
 }
 
 /// Accumulated state of one choice.
@@ -71,6 +79,7 @@ impl ChoiceState {
             text: String::new(),
             tokens: Vec::new(),
             finish_reason: None,
+            prompt_logprobs: false,
         };
         for t in &d.tokens {
             out.tokens.push(t.clone());
@@ -111,6 +120,22 @@ impl ChoiceState {
             text: String::new(),
             tokens: Vec::new(),
             finish_reason: self.finish_reason,
+            prompt_logprobs: false,
+        })
+    }
+
+    /// Ends a prompt-only choice (`echo` with `max_tokens: 0`).
+    fn finish_prompt_only(&mut self, index: usize) -> Option<ChoiceDelta> {
+        if self.is_finished() {
+            return None;
+        }
+        self.finish_reason = Some("length");
+        Some(ChoiceDelta {
+            index,
+            text: String::new(),
+            tokens: Vec::new(),
+            finish_reason: self.finish_reason,
+            prompt_logprobs: false,
         })
     }
 }
@@ -127,6 +152,10 @@ pub struct Generation {
     next_poll: usize,
     done: bool,
     pub num_cached_tokens: usize,
+    /// Per prompt: its logprobs once the engine sent them.
+    pub prompt_logprobs: Vec<Option<PromptLogprobs>>,
+    /// Per prompt: run only for its logprobs; generated tokens are dropped.
+    prompt_only: Vec<bool>,
 }
 
 impl Generation {
@@ -141,13 +170,19 @@ impl Generation {
         let arrival = Instant::now();
         let max_len = backend.limits().max_model_len;
         let mut streams = Vec::with_capacity(req.prompts.len());
-        for p in &req.prompts {
+        let mut prompt_only = vec![false; req.prompts.len()];
+        for (i, p) in req.prompts.iter().enumerate() {
             let mut params = req.params.clone();
             params.max_tokens = req.max_tokens_for(p.token_ids.len(), max_len);
             if params.max_tokens == 0 {
-                // `echo` with max_tokens 0: only the prompt comes back.
-                streams.push(None);
-                continue;
+                if params.prompt_logprobs.is_none() {
+                    // `echo` with max_tokens 0: only the prompt comes back.
+                    streams.push(None);
+                    continue;
+                }
+                // The prompt must run for its logprobs; its token is dropped.
+                params.max_tokens = 1;
+                prompt_only[i] = true;
             }
             let submitted = backend.submit(EngineRequest {
                 prompt_token_ids: p.token_ids.clone(),
@@ -181,6 +216,8 @@ impl Generation {
             next_poll: 0,
             done: false,
             num_cached_tokens: 0,
+            prompt_logprobs: vec![None; prompt_only.len()],
+            prompt_only,
         })
     }
 
@@ -248,11 +285,24 @@ impl Generation {
         let n = self.req.params.n;
         self.num_cached_tokens = self.num_cached_tokens.max(out.num_cached_tokens);
         let mut deltas = Vec::new();
-        for d in out.seqs.iter().filter(|d| d.index < n) {
-            let index = prompt * n + d.index;
-            if let Some(delta) = self.choices[index].apply(&self.tokenizer, index, d) {
-                deltas.push(delta);
+        if self.prompt_only[prompt] {
+            if out.prompt_logprobs.is_some() || out.seqs.iter().any(|d| d.finish_reason.is_some()) {
+                deltas.extend(
+                    (prompt * n..(prompt + 1) * n)
+                        .filter_map(|i| self.choices[i].finish_prompt_only(i)),
+                );
             }
+        } else {
+            for d in out.seqs.iter().filter(|d| d.index < n) {
+                let index = prompt * n + d.index;
+                if let Some(delta) = self.choices[index].apply(&self.tokenizer, index, d) {
+                    deltas.push(delta);
+                }
+            }
+        }
+        if let Some(list) = &out.prompt_logprobs {
+            self.prompt_logprobs[prompt] = Some(list.clone());
+            deltas.iter_mut().for_each(|d| d.prompt_logprobs = true);
         }
         if deltas.iter().any(|d| !d.tokens.is_empty()) {
             let now = Instant::now();

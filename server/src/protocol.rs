@@ -65,6 +65,11 @@ pub struct CommonParams {
     pub return_token_ids: Option<bool>,
     pub use_beam_search: Option<bool>,
     pub length_penalty: Option<f64>,
+    /// vLLM's extra parameter: top-k per prompt token (0..=20).
+    pub prompt_logprobs: Option<i64>,
+    /// vLLM's beam-search `early_stopping`: any JSON value here, so that a
+    /// non-boolean is a 400 naming the parameter (see validation).
+    pub early_stopping: Option<serde_json::Value>,
 }
 
 /// `POST /v1/completions`.
@@ -124,6 +129,10 @@ pub struct CompletionRequest {
     pub use_beam_search: Option<bool>,
     #[serde(default)]
     pub length_penalty: Option<f64>,
+    #[serde(default)]
+    pub prompt_logprobs: Option<i64>,
+    #[serde(default)]
+    pub early_stopping: Option<serde_json::Value>,
 }
 
 /// A chat message's `content`: a string or a list of parts.
@@ -212,6 +221,10 @@ pub struct ChatRequest {
     pub use_beam_search: Option<bool>,
     #[serde(default)]
     pub length_penalty: Option<f64>,
+    #[serde(default)]
+    pub prompt_logprobs: Option<i64>,
+    #[serde(default)]
+    pub early_stopping: Option<serde_json::Value>,
 }
 
 macro_rules! common_of {
@@ -238,6 +251,8 @@ macro_rules! common_of {
             return_token_ids: $r.return_token_ids,
             use_beam_search: $r.use_beam_search,
             length_penalty: $r.length_penalty,
+            prompt_logprobs: $r.prompt_logprobs,
+            early_stopping: $r.early_stopping.clone(),
         }
     };
 }
@@ -286,5 +301,21 @@ mod tests {
                 "stream_options":{"include_usage":true,"other":1}}"#,
         );
         assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
+    fn vllm_extra_parameters_parse() {
+        let r = serde_json::from_str::<CompletionRequest>(
+            r#"{"prompt":"x","prompt_logprobs":3,"early_stopping":"never"}"#,
+        )
+        .expect("parses");
+        assert_eq!(r.common().prompt_logprobs, Some(3));
+        assert_eq!(r.common().early_stopping, Some(serde_json::json!("never")));
+        let c = serde_json::from_str::<ChatRequest>(
+            r#"{"messages":[],"prompt_logprobs":-1,"early_stopping":true}"#,
+        )
+        .expect("parses");
+        assert_eq!(c.common().prompt_logprobs, Some(-1));
+        assert_eq!(c.common().early_stopping, Some(serde_json::json!(true)));
     }
 }

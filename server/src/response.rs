@@ -5,8 +5,19 @@
 //! Logprobs: completions use the legacy format (`tokens`,
 //! `token_logprobs`, `top_logprobs`, `text_offset`); chat uses
 //! `{"content": [{token, logprob, bytes, top_logprobs}]}`.
+//!
+//! Prompt logprobs (vLLM's format): a list with one entry per prompt token,
+//! `null` for the first, then objects keyed by token id (as a string) ->
+//! `{logprob, rank, decoded_token}` holding the prompt token and its top
+//! alternatives. Completions put it on each choice (`prompt_logprobs`),
+//! chat on the response object, as vLLM does. Streaming: on the first chunk
+//! of each choice that carries generated text (top level for chat).
+//! Completions with `echo` and `logprobs` also fill the prompt part of the
+//! legacy `logprobs` (first token's logprob and alternatives `null`) in the
+//! full response; a stream's echo chunk is sent before the prompt has run,
+//! so there the prompt's values are only in `prompt_logprobs`.
 
-use crate::backend::TokenOut;
+use crate::backend::{PromptLogprobs, TokenOut};
 use crate::generate::{ChoiceDelta, Generation};
 use crate::validate::Endpoint;
 use model_loader::Tokenizer;
@@ -38,11 +49,51 @@ fn token_text(tok: &Tokenizer, id: u32) -> String {
 }
 
 /// Legacy completions logprobs for `tokens`, text offsets from `offset`.
-fn completion_logprobs(tok: &Tokenizer, tokens: &[TokenOut], mut offset: usize) -> Value {
+fn completion_logprobs(tok: &Tokenizer, tokens: &[TokenOut], offset: usize) -> Value {
+    legacy_logprobs(tok, None, tokens, offset)
+}
+
+/// The prompt part of echoed legacy logprobs: alternatives per token, the
+/// prompt's ids and its logprobs list.
+type EchoPrompt<'a> = (usize, &'a [u32], &'a PromptLogprobs);
+
+/// Legacy logprobs: the echoed prompt's tokens (offsets from 0; the first
+/// token's logprob and alternatives `null`) when given, then `tokens`
+/// (offsets from `offset`).
+fn legacy_logprobs(
+    tok: &Tokenizer,
+    prompt: Option<EchoPrompt<'_>>,
+    tokens: &[TokenOut],
+    mut offset: usize,
+) -> Value {
     let mut texts = Vec::new();
-    let mut lps = Vec::new();
+    let mut lps: Vec<Value> = Vec::new();
     let mut tops = Vec::new();
     let mut offsets = Vec::new();
+    if let Some((k, ids, list)) = prompt {
+        let mut at = 0;
+        for (i, &id) in ids.iter().enumerate() {
+            let s = token_text(tok, id);
+            offsets.push(at);
+            at += s.len();
+            match list.get(i).and_then(Option::as_ref) {
+                Some(e) => {
+                    let mut top = Map::new();
+                    top.insert(s.clone(), json!(e.logprob));
+                    for &(alt, lp) in e.top_logprobs.iter().take(k) {
+                        top.entry(token_text(tok, alt)).or_insert(json!(lp));
+                    }
+                    lps.push(json!(e.logprob));
+                    tops.push(Value::Object(top));
+                }
+                None => {
+                    lps.push(Value::Null);
+                    tops.push(Value::Null);
+                }
+            }
+            texts.push(s);
+        }
+    }
     for t in tokens {
         let s = token_text(tok, t.token_id);
         offsets.push(offset);
@@ -53,7 +104,7 @@ fn completion_logprobs(tok: &Tokenizer, tokens: &[TokenOut], mut offset: usize) 
             top.insert(token_text(tok, id), json!(lp));
         }
         texts.push(s);
-        lps.push(t.logprob);
+        lps.push(json!(t.logprob));
         tops.push(Value::Object(top));
     }
     json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
@@ -94,6 +145,50 @@ fn logprobs_value(g: &Generation, tokens: &[TokenOut], offset: usize) -> Value {
     }
 }
 
+/// A whole completions choice's logprobs: with `echo`, the prompt's part
+/// first (when the engine sent the prompt's logprobs).
+fn choice_logprobs(g: &Generation, index: usize, tokens: &[TokenOut], offset: usize) -> Value {
+    let pi = index / g.req.params.n;
+    let echo = match (g.req.echo, g.req.params.logprobs, &g.prompt_logprobs[pi]) {
+        (true, Some(k), Some(list)) => Some((k, g.req.prompts[pi].token_ids.as_slice(), list)),
+        _ => None,
+    };
+    match (g.req.endpoint, echo) {
+        (Endpoint::Completions, Some(e)) => legacy_logprobs(g.tokenizer(), Some(e), tokens, offset),
+        _ => logprobs_value(g, tokens, offset),
+    }
+}
+
+/// vLLM's `prompt_logprobs` value: `null` for the first token, then
+/// `{"<id>": {logprob, rank, decoded_token}}` with the prompt token and its
+/// alternatives (ranked 1.. in order).
+fn prompt_logprobs_value(tok: &Tokenizer, list: &PromptLogprobs) -> Value {
+    let entry = |id: u32, lp: f32, rank: usize| json!({"logprob": lp, "rank": rank, "decoded_token": token_text(tok, id)});
+    Value::Array(
+        list.iter()
+            .map(|e| match e {
+                None => Value::Null,
+                Some(e) => {
+                    let mut m = Map::new();
+                    m.insert(e.token_id.to_string(), entry(e.token_id, e.logprob, e.rank));
+                    for (i, &(id, lp)) in e.top_logprobs.iter().enumerate() {
+                        m.entry(id.to_string()).or_insert(entry(id, lp, i + 1));
+                    }
+                    Value::Object(m)
+                }
+            })
+            .collect(),
+    )
+}
+
+/// The prompt logprobs of prompt `pi` as JSON, when the engine sent them.
+fn prompt_logprobs_of(g: &Generation, pi: usize) -> Option<Value> {
+    g.prompt_logprobs
+        .get(pi)?
+        .as_ref()
+        .map(|l| prompt_logprobs_value(g.tokenizer(), l))
+}
+
 /// The `usage` object.
 pub fn usage(g: &Generation) -> Value {
     let p = g.prompt_tokens();
@@ -118,7 +213,7 @@ pub fn full_response(meta: &ResponseMeta, g: &Generation) -> Value {
         .map(|(i, c)| {
             let prompt = prompt_of(g, i);
             let echo = if g.req.echo { prompt.text.as_str() } else { "" };
-            let lp = logprobs_value(g, &c.tokens, echo.len());
+            let lp = choice_logprobs(g, i, &c.tokens, echo.len());
             let mut v = match meta.endpoint {
                 Endpoint::Completions => json!({
                     "index": i, "text": format!("{echo}{}", c.text), "logprobs": lp,
@@ -134,13 +229,24 @@ pub fn full_response(meta: &ResponseMeta, g: &Generation) -> Value {
                 v["token_ids"] = json!(c.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
                 v["prompt_token_ids"] = json!(prompt.token_ids);
             }
+            if meta.endpoint == Endpoint::Completions {
+                if let Some(p) = prompt_logprobs_of(g, i / g.req.params.n) {
+                    v["prompt_logprobs"] = p;
+                }
+            }
             v
         })
         .collect();
-    json!({
+    let mut r = json!({
         "id": meta.id, "object": meta.object(false), "created": meta.created,
         "model": meta.model, "choices": choices, "usage": usage(g),
-    })
+    });
+    if meta.endpoint == Endpoint::Chat {
+        if let Some(p) = prompt_logprobs_of(g, 0) {
+            r["prompt_logprobs"] = p;
+        }
+    }
+    r
 }
 
 fn chunk(meta: &ResponseMeta, choices: Vec<Value>, usage: Value) -> Value {
@@ -192,7 +298,22 @@ pub fn delta_chunk(meta: &ResponseMeta, g: &Generation, d: &ChoiceDelta, offset:
     if g.req.return_token_ids {
         c["token_ids"] = json!(d.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
     }
-    chunk(meta, vec![c], Value::Null)
+    let prompt_lp = d
+        .prompt_logprobs
+        .then(|| prompt_logprobs_of(g, d.index / g.req.params.n))
+        .flatten();
+    match (meta.endpoint, prompt_lp) {
+        (Endpoint::Completions, Some(p)) => {
+            c["prompt_logprobs"] = p;
+            chunk(meta, vec![c], Value::Null)
+        }
+        (Endpoint::Chat, Some(p)) => {
+            let mut v = chunk(meta, vec![c], Value::Null);
+            v["prompt_logprobs"] = p;
+            v
+        }
+        (_, None) => chunk(meta, vec![c], Value::Null),
+    }
 }
 
 /// The final usage chunk (`stream_options.include_usage`).

@@ -6,7 +6,10 @@
 //! Ranges follow OpenAI and vLLM: temperature in [0, 2], top_p in (0, 1],
 //! n in [1, 128], best_of >= n, penalties in [-2, 2], repetition_penalty in
 //! (0, 2], min_p in [0, 1], top_k -1 (off) or >= 1, logprobs in [0, 20],
-//! at most 4 stop strings (OpenAI's limit), none empty.
+//! prompt_logprobs in [0, 20], early_stopping a boolean (vLLM's "never" is
+//! refused), at most 4 stop strings (OpenAI's limit), none empty.
+//! With `echo` and `logprobs`, the prompt's logprobs are asked for too (as
+//! vLLM does), with `max(logprobs, prompt_logprobs)` alternatives.
 //! Cost: O(prompt length) for tokenization plus O(number of fields).
 
 use crate::backend::{BackendLimits, SamplingParams};
@@ -185,6 +188,23 @@ fn sampling(
         }
     }
     let use_beam_search = c.use_beam_search.unwrap_or(false);
+    let prompt_logprobs = nonneg("prompt_logprobs", c.prompt_logprobs)?;
+    if prompt_logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
+        return Err(ApiError::invalid(
+            "prompt_logprobs",
+            format!("prompt_logprobs must be in [0, {MAX_LOGPROBS}]"),
+        ));
+    }
+    let early_stopping = match &c.early_stopping {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "early_stopping",
+                format!("early_stopping must be true or false, got {other}"),
+            ))
+        }
+    };
     let stop_token_ids = c
         .stop_token_ids
         .iter()
@@ -209,6 +229,8 @@ fn sampling(
         logprobs,
         use_beam_search,
         length_penalty: c.length_penalty.unwrap_or(1.0) as f32,
+        early_stopping,
+        prompt_logprobs,
     })
 }
 
@@ -357,17 +379,15 @@ pub fn completion(
     let mut c = r.common();
     // OpenAI's completions default; chat fills the context instead.
     c.max_tokens = c.max_tokens.or(Some(16));
-    let params = sampling(ctx, &c, logprobs)?;
+    let mut params = sampling(ctx, &c, logprobs)?;
+    let echo = r.echo.unwrap_or(false);
+    if echo {
+        if let Some(k) = logprobs {
+            params.prompt_logprobs = Some(params.prompt_logprobs.map_or(k, |p| p.max(k)));
+        }
+    }
     let prompts = completion_prompts(ctx, &r.prompt)?;
-    finish(
-        ctx,
-        Endpoint::Completions,
-        model,
-        prompts,
-        &c,
-        params,
-        r.echo.unwrap_or(false),
-    )
+    finish(ctx, Endpoint::Completions, model, prompts, &c, params, echo)
 }
 
 fn message_text(m: &ChatMessageIn) -> Result<String, ApiError> {

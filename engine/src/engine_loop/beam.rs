@@ -235,10 +235,12 @@ fn rank_hypotheses(group: &mut SequenceGroup) {
     });
 }
 
-/// The best `n` hypotheses as one final output.
-pub(super) fn final_output(group: &SequenceGroup) -> RequestOutput {
+/// The best `n` hypotheses as one final output (with the prompt logprobs,
+/// when asked).
+pub(super) fn final_output(group: &mut SequenceGroup) -> RequestOutput {
     let mut out = RequestOutput::new(group.request_id);
     out.num_cached_tokens = group.num_cached_tokens;
+    out.prompt_logprobs = group.take_prompt_logprobs();
     for (i, h) in group
         .hypotheses
         .iter()

@@ -49,7 +49,7 @@ enum Command {
     Add {
         id: RequestId,
         prompt: Vec<u32>,
-        params: RequestParams,
+        params: Box<RequestParams>,
         tx: UnboundedSender<StreamItem>,
     },
     Abort(RequestId),
@@ -135,7 +135,7 @@ impl EngineHandle {
         let cmd = Command::Add {
             id,
             prompt,
-            params,
+            params: Box::new(params),
             tx,
         };
         if inner.tx.send(cmd).is_err() {
@@ -308,7 +308,7 @@ impl EngineThread {
                     let _ = tx.send(Err(EngineError::ShutDown));
                     return;
                 }
-                match self.engine.add_request(id, prompt, params) {
+                match self.engine.add_request(id, prompt, *params) {
                     Ok(()) => {
                         self.streams.insert(id, tx);
                     }

@@ -5,6 +5,9 @@
 //! - a sequence's sampled token is appended to its `tokens` in the same step
 //!   it is sampled; its K/V is written by the next step's `append_slots`;
 //! - a finished sequence's blocks are freed in the step it finishes;
+//! - prompt logprobs are recorded before the step's tokens are sampled, and
+//!   handed out once: on the request's first output carrying tokens (or its
+//!   final output when outputs are buffered);
 //! - an executor failure aborts (and frees) every request it touched, and the
 //!   loop keeps serving the others.
 //!
@@ -16,6 +19,7 @@ mod handle;
 mod output;
 mod postprocess;
 
+pub use crate::sampler::PromptLogprob;
 pub use handle::{EngineHandle, HandleConfig, RequestStream, ShutdownMode};
 pub use output::{RequestOutput, SeqOutput};
 
@@ -151,16 +155,19 @@ impl LlmEngine {
         }
         let result = self.executor.execute(&sched.ops, &sched.batch);
         let t2 = Instant::now();
+        let rows = sched.targets.len() + sched.prompt_targets.len();
         match result {
-            Ok(logits) if logits.rows == sched.targets.len() => {
+            Ok(logits) if logits.rows == rows => {
+                self.apply_prompt_rows(&sched, &logits);
                 self.apply_logits(&sched.targets, &logits, &mut outs)
             }
             Ok(logits) => self.fail_step(
                 &sched,
                 EngineError::Executor(format!(
-                    "{} logits rows for {} sequences",
+                    "{} logits rows for {} sampled and {} prompt rows",
                     logits.rows,
-                    sched.targets.len()
+                    sched.targets.len(),
+                    sched.prompt_targets.len()
                 )),
                 &mut outs,
             ),

@@ -1,6 +1,7 @@
 //! What a step reports per request.
 
 use crate::error::EngineError;
+use crate::sampler::PromptLogprob;
 use crate::scheduler::{FinishReason, RequestId};
 
 /// New tokens of one sequence of a request since the previous output.
@@ -29,6 +30,12 @@ pub struct RequestOutput {
     pub error: Option<EngineError>,
     /// Prompt tokens found in the prefix cache at the last admission.
     pub num_cached_tokens: usize,
+    /// `prompt_logprobs` (vLLM's shape): one entry per prompt token, `None`
+    /// for the first. Set on exactly one output of a request that asked for
+    /// them: its first output with tokens (its final one when the group's
+    /// outputs are buffered: best_of > n, beam search). Never set on an
+    /// error output.
+    pub prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
 }
 
 impl RequestOutput {
@@ -39,6 +46,7 @@ impl RequestOutput {
             finished: false,
             error: None,
             num_cached_tokens: 0,
+            prompt_logprobs: None,
         }
     }
 

@@ -11,13 +11,17 @@
 //!   reports nothing until it finishes, then every chosen sequence whole;
 //!   other groups stream each token in the step it is drawn.
 //!
-//! Cost: O(rows x vocab) for the draws (see `sampler::ops`), plus
-//! O(width x candidates) per beam group.
+//! - prompt logprobs: row `targets.len() + i` scores `prompt_targets[i]`;
+//!   each position is recorded once in its group (a recomputed chunk adds
+//!   nothing) and the complete list rides on one output.
+//!
+//! Cost: O(rows x vocab) for the draws (see `sampler::ops`) and for the
+//! prompt rows, plus O(width x candidates) per beam group.
 
 use super::{finish_reason, LlmEngine, Outputs};
 use crate::executor::Logits;
-use crate::sampler::{sample_row, top_logprobs, SampleOut, SeqContext};
-use crate::scheduler::{FinishReason, RequestId, SampleTarget, SequenceGroup};
+use crate::sampler::{prompt_logprob, sample_row, top_logprobs, SampleOut, SeqContext};
+use crate::scheduler::{FinishReason, RequestId, SampleTarget, SchedulerOutput, SequenceGroup};
 use std::collections::HashMap;
 
 /// One draw: which row, which group, which sequence (maybe a fork-to-be).
@@ -45,6 +49,32 @@ impl LlmEngine {
         self.apply_beam_rows(&beam_rows, logits, outs);
         self.scheduler
             .record_generated(draws.len() + beam_rows.len());
+    }
+
+    /// Scores this step's prompt rows (in parallel) and records them in
+    /// their groups.
+    pub(super) fn apply_prompt_rows(&mut self, sched: &SchedulerOutput, logits: &Logits) {
+        use rayon::prelude::*;
+        let base = sched.targets.len();
+        let work: Vec<(usize, u32, usize)> = sched
+            .prompt_targets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                let g = self.scheduler.group(t.request_id)?;
+                let token = *g.seqs.first()?.tokens.get(t.position)?;
+                Some((base + i, token, g.params.sampling.prompt_logprobs?))
+            })
+            .collect();
+        let entries: Vec<_> = work
+            .par_iter()
+            .map(|&(row, token, k)| prompt_logprob(logits.row(row), token, k))
+            .collect();
+        for (t, e) in sched.prompt_targets.iter().zip(entries) {
+            if let Some(g) = self.scheduler.group_mut(t.request_id) {
+                g.record_prompt_logprob(t.position, e);
+            }
+        }
     }
 
     /// Splits rows into draws (one per sequence, `width` for a group about
@@ -157,7 +187,6 @@ impl LlmEngine {
         let cached = group.num_cached_tokens;
         let buffered = group.params.sampling.buffers_output();
         let min_tokens = group.params.sampling.min_tokens;
-        let params = &group.params;
         let Some(seq) = group.seqs.get_mut(d.seq_index) else {
             return;
         };
@@ -166,7 +195,7 @@ impl LlmEngine {
         seq.output_top_logprobs.push(s.top_logprobs.clone());
         let out_len = seq.output_tokens().len();
         let reason = finish_reason(
-            params,
+            &group.params,
             &self.eos_token_ids,
             s.token,
             out_len,
@@ -175,8 +204,12 @@ impl LlmEngine {
         )
         .filter(|r| *r != FinishReason::Stop || out_len >= min_tokens);
         if !buffered {
+            let prompt_logprobs = group.take_prompt_logprobs();
             let out = outs.get(d.request_id);
             out.num_cached_tokens = cached;
+            if prompt_logprobs.is_some() {
+                out.prompt_logprobs = prompt_logprobs;
+            }
             let so = out.seq_mut(d.seq_index);
             so.new_token_ids.push(s.token);
             so.new_logprobs.push(s.logprob);
@@ -189,9 +222,9 @@ impl LlmEngine {
         let done = self
             .scheduler
             .finish_seq(self.kv.as_mut(), d.request_id, d.seq_index, reason);
-        if let Some(group) = done {
+        if let Some(mut group) = done {
             if buffered {
-                *outs.get(d.request_id) = best_of_output(&group);
+                *outs.get(d.request_id) = best_of_output(&mut group);
             }
             outs.get(d.request_id).finished = true;
         }
@@ -220,9 +253,10 @@ impl LlmEngine {
         }
         for id in touched {
             let eos = self.eos_token_ids.clone();
-            if let Some(group) = super::beam::step(&mut self.scheduler, self.kv.as_mut(), id, &eos)
+            if let Some(mut group) =
+                super::beam::step(&mut self.scheduler, self.kv.as_mut(), id, &eos)
             {
-                *outs.get(id) = super::beam::final_output(&group);
+                *outs.get(id) = super::beam::final_output(&mut group);
                 outs.get(id).finished = true;
             }
         }
@@ -236,8 +270,9 @@ fn needs_fork(g: &SequenceGroup) -> bool {
         && g.seqs.iter().all(|s| s.tokens.len() == s.prompt_len)
 }
 
-/// The best `n` finished sequences by cumulative logprob, whole.
-fn best_of_output(group: &SequenceGroup) -> crate::RequestOutput {
+/// The best `n` finished sequences by cumulative logprob, whole (with the
+/// prompt logprobs, when asked).
+fn best_of_output(group: &mut SequenceGroup) -> crate::RequestOutput {
     let mut order: Vec<usize> = (0..group.seqs.len()).collect();
     order.sort_by(|&a, &b| {
         let (ca, cb) = (
@@ -250,6 +285,7 @@ fn best_of_output(group: &SequenceGroup) -> crate::RequestOutput {
     });
     let mut out = crate::RequestOutput::new(group.request_id);
     out.num_cached_tokens = group.num_cached_tokens;
+    out.prompt_logprobs = group.take_prompt_logprobs();
     for (rank, &i) in order.iter().take(group.params.sampling.n).enumerate() {
         let seq = &group.seqs[i];
         let so = out.seq_mut(rank);

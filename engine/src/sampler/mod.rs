@@ -2,7 +2,8 @@
 //!
 //! [`Sampler::greedy`] is the fast path (argmax); [`sample_row`] applies a
 //! request's [`SamplingParams`] (penalties, temperature, top-k / top-p /
-//! min-p, seeded draw, top logprobs); [`params`] validates them.
+//! min-p, seeded draw, top logprobs); [`params`] validates them;
+//! [`prompt::prompt_logprob`] scores a prompt token (`prompt_logprobs`).
 //!
 //! Invariants: ties go to the lowest token id; NaN logits are never chosen
 //! (a row of only NaN yields token 0 with logprob NaN); the logprob is
@@ -10,9 +11,11 @@
 
 pub mod ops;
 pub mod params;
+pub mod prompt;
 
 pub use ops::{sample_row, top_logprobs, uniform, SampleOut, SeqContext};
 pub use params::{SamplingParams, MAX_LOGPROBS};
+pub use prompt::{prompt_logprob, PromptLogprob};
 
 /// One chosen token.
 #[derive(Debug, Clone, Copy, PartialEq)]

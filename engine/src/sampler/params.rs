@@ -4,7 +4,8 @@
 //! Invariant: a [`SamplingParams`] that passed [`SamplingParams::validate`]
 //! never makes the sampler panic or divide by zero: temperature is finite and
 //! non-negative, `top_p` in (0, 1], `min_p` in [0, 1], `top_k >= 1`,
-//! `repetition_penalty > 0`, `best_of >= n >= 1`, `logprobs <= 20`.
+//! `repetition_penalty > 0`, `best_of >= n >= 1`, `logprobs <= 20`,
+//! `prompt_logprobs <= 20`.
 
 use crate::error::EngineError;
 
@@ -42,6 +43,11 @@ pub struct SamplingParams {
     pub min_tokens: usize,
     /// Top logprobs returned per generated token (`None`: none).
     pub logprobs: Option<usize>,
+    /// vLLM's `prompt_logprobs`: when set, the logprob and rank of every
+    /// prompt token after the first, with this many top alternatives, are
+    /// returned once (`None`: none). Such a request takes no prefix-cache
+    /// hits while its prompt logprobs are incomplete.
+    pub prompt_logprobs: Option<usize>,
     pub use_beam_search: bool,
     /// Beam score = cumulative logprob / output_len ^ length_penalty.
     pub length_penalty: f32,
@@ -64,6 +70,7 @@ impl Default for SamplingParams {
             seed: None,
             min_tokens: 0,
             logprobs: None,
+            prompt_logprobs: None,
             use_beam_search: false,
             length_penalty: 1.0,
             early_stopping: false,
@@ -134,6 +141,12 @@ impl SamplingParams {
                 format!("must be at most {MAX_LOGPROBS}"),
             ));
         }
+        if self.prompt_logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
+            return Err(invalid(
+                "prompt_logprobs",
+                format!("must be at most {MAX_LOGPROBS}"),
+            ));
+        }
         if max_tokens.is_some_and(|m| self.min_tokens > m) {
             return Err(invalid("min_tokens", "must not exceed max_tokens"));
         }
@@ -189,6 +202,13 @@ mod tests {
         assert!(p.validate(Some(16)).is_ok());
         assert!(p.is_greedy());
         assert_eq!(p.width(), 1);
+        for k in [0, MAX_LOGPROBS] {
+            let p = SamplingParams {
+                prompt_logprobs: Some(k),
+                ..SamplingParams::default()
+            };
+            assert!(p.validate(Some(16)).is_ok(), "prompt_logprobs {k}");
+        }
     }
 
     #[test]
@@ -255,6 +275,13 @@ mod tests {
                     ..d()
                 },
                 "logprobs",
+            ),
+            (
+                SamplingParams {
+                    prompt_logprobs: Some(21),
+                    ..d()
+                },
+                "prompt_logprobs",
             ),
             (
                 SamplingParams {

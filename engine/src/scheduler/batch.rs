@@ -1,8 +1,10 @@
 //! Turning scheduled token counts into a [`ForwardBatch`].
 //!
-//! Invariant: a sequence is pushed at most once per step; its K/V slots are
+//! Invariants: a sequence is pushed at most once per step; its K/V slots are
 //! reserved (`append_slots`) in the same call that adds its tokens, so the
-//! batch and the KV cache never disagree on `context_len`.
+//! batch and the KV cache never disagree on `context_len`. Logits rows are
+//! the sampled rows first (one per [`SampleTarget`]), then the prompt rows
+//! of groups collecting prompt logprobs (one per [`PromptTarget`]).
 //! Cost: O(tokens + block table length) per pushed sequence.
 
 use super::sequence::{RequestId, SequenceGroup};
@@ -17,6 +19,19 @@ pub struct SampleTarget {
     pub seq_index: usize,
 }
 
+/// A prompt position scored this step: the logits row of position
+/// `position - 1` gives the logprob of prompt token `position`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptTarget {
+    pub request_id: RequestId,
+    /// Prompt position scored (>= 1).
+    pub position: usize,
+}
+
+/// Most prompt positions one group scores in a step under chunked prefill
+/// (each costs a vocab-wide logits row: 256 x 49152 floats is 50 MB).
+pub const MAX_PROMPT_LOGPROB_ROWS: usize = 256;
+
 /// How many tokens each sequence of a group computes this step.
 pub(crate) type TokenPlan = Vec<(usize, usize)>;
 
@@ -26,6 +41,9 @@ pub(crate) struct BatchBuilder {
     pub batch: ForwardBatch,
     pub copies: Vec<BlockCopy>,
     pub targets: Vec<SampleTarget>,
+    /// Batch rows whose logits score prompt tokens, and what they score.
+    pub prompt_rows: Vec<usize>,
+    pub prompt_targets: Vec<PromptTarget>,
     /// Prompt tokens computed this step (first computation or recompute).
     pub prompt_tokens: usize,
 }
@@ -33,18 +51,21 @@ pub(crate) struct BatchBuilder {
 impl BatchBuilder {
     /// Appends the planned tokens of `group`'s sequences to the batch,
     /// reserving their slots. A sequence that catches up with its tokens gets
-    /// a logits row.
+    /// a logits row; a group collecting prompt logprobs gets one row per
+    /// prompt position this chunk scores for the first time.
     pub fn push_group(
         &mut self,
         kv: &mut dyn KvCacheManager,
         group: &mut SequenceGroup,
         plan: &TokenPlan,
     ) -> Result<(), KvError> {
+        let next_prompt = group.next_prompt_logprob();
         for &(seq_index, num_new) in plan {
             let Some(seq) = group.seqs.get_mut(seq_index) else {
                 continue;
             };
             let start = seq.num_computed_tokens;
+            let first_row = self.batch.token_ids.len();
             let end = start + num_new;
             let tokens = &seq.tokens[start..end];
             let outcome = kv.append_slots(seq.id, tokens)?;
@@ -60,6 +81,18 @@ impl BatchBuilder {
                 context_len: end,
                 block_table,
             });
+            if let Some(next) = next_prompt.filter(|_| seq_index == 0) {
+                // Row `p` scores token `p + 1`: positions start+1 ..= end,
+                // within the prompt, from the first one still missing.
+                let last = end.min(seq.prompt_len - 1);
+                for pos in next.max(start + 1)..=last {
+                    self.prompt_rows.push(first_row + (pos - 1 - start));
+                    self.prompt_targets.push(PromptTarget {
+                        request_id: group.request_id,
+                        position: pos,
+                    });
+                }
+            }
             if end == seq.tokens.len() {
                 self.batch.logits_rows.push(self.batch.token_ids.len() - 1);
                 self.targets.push(SampleTarget {
@@ -73,14 +106,18 @@ impl BatchBuilder {
 }
 
 /// Plans the tokens of a resident group within `remaining_tokens`.
-/// With chunking, a long catch-up is cut to what fits; without it, a
-/// sequence is scheduled whole or not at all. `None` when nothing fits.
+/// With chunking, a long catch-up is cut to what fits (and, while the group
+/// collects prompt logprobs, to [`MAX_PROMPT_LOGPROB_ROWS`] tokens); without
+/// it, a sequence is scheduled whole or not at all. `None` when nothing fits.
 pub(crate) fn plan_tokens(
     group: &SequenceGroup,
     remaining_tokens: usize,
     chunked: bool,
 ) -> Option<TokenPlan> {
     let mut left = remaining_tokens;
+    if chunked && group.next_prompt_logprob().is_some() {
+        left = left.min(MAX_PROMPT_LOGPROB_ROWS);
+    }
     let mut plan = TokenPlan::new();
     for (i, seq) in group.seqs.iter().enumerate() {
         if seq.is_finished() || seq.num_uncomputed() == 0 {

@@ -20,7 +20,12 @@
 //! - a step's tokens never exceed `max_num_batched_tokens`, and resident
 //!   sequences never exceed `max_num_seqs`;
 //! - a victim is never a group already scheduled in the same step (groups are
-//!   scheduled from the front of the running queue, victims taken from its back).
+//!   scheduled from the front of the running queue, victims taken from its back);
+//! - a group still collecting prompt logprobs takes no prefix-cache hit at
+//!   admission (a cached token is never computed, so it has no logits row)
+//!   and asks for one extra logits row per prompt position it scores for
+//!   the first time; under chunked prefill its chunks are capped at
+//!   `MAX_PROMPT_LOGPROB_ROWS` tokens.
 //!
 //! Cost per step: O(G log G) queue work for G groups, plus O(tokens) batch
 //! assembly and one `blocks_needed_to_append` per scheduled sequence.
@@ -32,12 +37,12 @@ mod group_ops;
 mod phases;
 mod sequence;
 
-pub use batch::SampleTarget;
+pub use batch::{PromptTarget, SampleTarget, MAX_PROMPT_LOGPROB_ROWS};
 pub use budget::StepBudget;
 pub use config::{PreemptionMode, SchedulerConfig};
 pub use sequence::{
-    FinishReason, Hypothesis, QueueKey, RequestId, RequestParams, SeqStatus, Sequence,
-    SequenceGroup,
+    FinishReason, Hypothesis, PromptLogprobs, QueueKey, RequestId, RequestParams, SeqStatus,
+    Sequence, SequenceGroup,
 };
 
 use crate::error::EngineError;
@@ -67,8 +72,12 @@ pub struct SchedulerStats {
 pub struct SchedulerOutput {
     pub batch: ForwardBatch,
     pub ops: BlockOps,
-    /// The sequence of each logits row, in `batch.logits_rows` order.
+    /// The sequence of each sampled logits row: logits row `i` is
+    /// `targets[i]` (the first `targets.len()` entries of `batch.logits_rows`).
     pub targets: Vec<SampleTarget>,
+    /// Prompt positions scored this step (`prompt_logprobs`): logits row
+    /// `targets.len() + i` is the distribution of `prompt_targets[i]`.
+    pub prompt_targets: Vec<PromptTarget>,
     /// Groups removed this step with an error (never fit, KV failure).
     pub refused: Vec<(RequestId, EngineError)>,
     /// Groups preempted this step.
@@ -135,6 +144,10 @@ impl Scheduler {
         let seq = Sequence::new(SeqId(self.next_seq), prompt);
         self.next_seq += 1;
         let seed = params.sampling.seed.unwrap_or_else(rand::random);
+        let prompt_logprobs = params
+            .sampling
+            .prompt_logprobs
+            .map(|_| PromptLogprobs::new());
         let group = SequenceGroup {
             request_id,
             seqs: vec![seq],
@@ -143,6 +156,7 @@ impl Scheduler {
             num_cached_tokens: 0,
             seed,
             hypotheses: Vec::new(),
+            prompt_logprobs,
         };
         self.check_admissible_at_full_length(kv, &group)?;
         self.next_arrival += 1;

@@ -33,10 +33,14 @@ impl Step {
     }
 
     /// Moves the builder's work into the output.
+    /// Prompt rows go after the sampled rows (see `batch`).
     pub fn finish(mut self) -> SchedulerOutput {
-        self.out.batch = self.builder.batch;
+        let mut batch = self.builder.batch;
+        batch.logits_rows.extend(self.builder.prompt_rows);
+        self.out.batch = batch;
         self.out.ops.copies = self.builder.copies;
         self.out.targets = self.builder.targets;
+        self.out.prompt_targets = self.builder.prompt_targets;
         self.out
     }
 }
@@ -177,12 +181,18 @@ impl Scheduler {
             return Ok(true);
         };
         let mut cached = 0;
+        let uncached = group.next_prompt_logprob().is_some();
         for i in 0..group.seqs.len() {
             let seq = &mut group.seqs[i];
             if seq.is_finished() {
                 continue;
             }
-            match kv.allocate(seq.id, &seq.tokens, hint) {
+            let allocated = if uncached {
+                allocate_uncached(kv, seq.id, &seq.tokens, hint)
+            } else {
+                kv.allocate(seq.id, &seq.tokens, hint)
+            };
+            match allocated {
                 Ok(n) => {
                     seq.num_computed_tokens = n;
                     seq.status = SeqStatus::Running;
@@ -308,6 +318,36 @@ impl Scheduler {
         if self.abort(kv, key.id).is_some() {
             self.stats.refused += 1;
             step.out.refused.push((key.id, error));
+        }
+    }
+}
+
+/// Allocates a sequence that must compute its whole prompt (it collects
+/// prompt logprobs, and a token served from the prefix cache is never
+/// computed; vLLM skips the cache for such requests too). When the normal
+/// allocation found cached blocks, they are released and the sequence is
+/// registered again with its first token only: by the trait's contract a
+/// one-token prompt has no cached prefix (at least one token is always left
+/// to compute), and every token is then appended by the scheduler. The
+/// prefix-cache counters see that first lookup.
+fn allocate_uncached(
+    kv: &mut dyn KvCacheManager,
+    seq: crate::kv::SeqId,
+    tokens: &[u32],
+    hint: LengthHint,
+) -> Result<usize, KvError> {
+    let cached = kv.allocate(seq, tokens, hint)?;
+    if cached == 0 {
+        return Ok(0);
+    }
+    kv.free(seq);
+    match kv.allocate(seq, &tokens[..1], hint)? {
+        0 => Ok(0),
+        _ => {
+            kv.free(seq);
+            Err(KvError::InvalidConfig(
+                "the KV cache reused a prefix of a one-token prompt".into(),
+            ))
         }
     }
 }

@@ -12,7 +12,7 @@
 //! recomputation after preemption are all the same catch-up.
 
 use crate::kv::SeqId;
-use crate::sampler::SamplingParams;
+use crate::sampler::{PromptLogprob, SamplingParams};
 use std::fmt;
 
 /// The caller's name for a request.
@@ -150,6 +150,30 @@ pub struct SequenceGroup {
     pub seed: u64,
     /// Beam search: finished hypotheses, kept apart from the live beams.
     pub hypotheses: Vec<Hypothesis>,
+    /// `Some` when the request asked for `prompt_logprobs`.
+    pub prompt_logprobs: Option<PromptLogprobs>,
+}
+
+/// A group's prompt logprobs, collected chunk by chunk.
+///
+/// Invariant: `entries[i]` is prompt position `i`'s entry (`entries[0]` is
+/// `None`); positions are collected in order, each exactly once, so a
+/// recomputed chunk (after preemption) adds nothing. Once `sent`, `entries`
+/// is empty and stays so.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PromptLogprobs {
+    pub entries: Vec<Option<PromptLogprob>>,
+    pub sent: bool,
+}
+
+impl PromptLogprobs {
+    /// Nothing collected yet but the first position's `None`.
+    pub fn new() -> Self {
+        Self {
+            entries: vec![None],
+            sent: false,
+        }
+    }
 }
 
 /// A finished beam-search hypothesis.
@@ -211,6 +235,43 @@ impl SequenceGroup {
         }
     }
 
+    /// The prompt length (every sequence of a group shares the prompt).
+    pub fn prompt_len(&self) -> usize {
+        self.seqs.first().map_or(0, |s| s.prompt_len)
+    }
+
+    /// The next prompt position whose logprob is still missing, while the
+    /// group asked for prompt logprobs and they are incomplete. Such a group
+    /// must compute its whole prompt (no prefix-cache hits).
+    pub fn next_prompt_logprob(&self) -> Option<usize> {
+        let p = self.prompt_logprobs.as_ref().filter(|p| !p.sent)?;
+        let next = p.entries.len().max(1);
+        (next < self.prompt_len()).then_some(next)
+    }
+
+    /// Records the entry of prompt position `pos` if it is the next one
+    /// missing (a duplicate or out-of-order entry is ignored).
+    pub fn record_prompt_logprob(&mut self, pos: usize, entry: PromptLogprob) {
+        if self.next_prompt_logprob() != Some(pos) {
+            return;
+        }
+        if let Some(p) = self.prompt_logprobs.as_mut() {
+            p.entries.push(Some(entry));
+        }
+    }
+
+    /// Hands out the complete prompt logprobs once; `None` when not asked,
+    /// incomplete, or already handed out.
+    pub fn take_prompt_logprobs(&mut self) -> Option<Vec<Option<PromptLogprob>>> {
+        let prompt_len = self.prompt_len();
+        let p = self.prompt_logprobs.as_mut().filter(|p| !p.sent)?;
+        if p.entries.len() < prompt_len {
+            return None;
+        }
+        p.sent = true;
+        Some(std::mem::take(&mut p.entries))
+    }
+
     /// Upper bound on one sequence's total length under `max_model_len`.
     pub fn max_total_tokens(&self, max_model_len: usize) -> usize {
         let prompt = self.seqs.first().map_or(0, |s| s.prompt_len);
@@ -227,4 +288,60 @@ pub struct QueueKey {
     pub priority: i32,
     pub arrival: u64,
     pub id: RequestId,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(token: u32) -> PromptLogprob {
+        PromptLogprob {
+            token,
+            logprob: -1.0,
+            rank: 1,
+            top: Vec::new(),
+        }
+    }
+
+    fn group(prompt: Vec<u32>, asked: bool) -> SequenceGroup {
+        SequenceGroup {
+            request_id: RequestId(0),
+            seqs: vec![Sequence::new(SeqId(0), prompt)],
+            params: RequestParams::default(),
+            arrival: 0,
+            num_cached_tokens: 0,
+            seed: 0,
+            hypotheses: Vec::new(),
+            prompt_logprobs: asked.then(PromptLogprobs::new),
+        }
+    }
+
+    #[test]
+    fn prompt_logprobs_are_recorded_in_order_once_and_taken_once() {
+        let mut g = group(vec![5, 6, 7], true);
+        assert_eq!(g.next_prompt_logprob(), Some(1));
+        assert_eq!(g.take_prompt_logprobs(), None, "incomplete");
+        g.record_prompt_logprob(2, entry(7)); // out of order: ignored
+        g.record_prompt_logprob(1, entry(6));
+        g.record_prompt_logprob(1, entry(6)); // duplicate: ignored
+        assert_eq!(g.next_prompt_logprob(), Some(2));
+        g.record_prompt_logprob(2, entry(7));
+        assert_eq!(g.next_prompt_logprob(), None);
+        let list = g.take_prompt_logprobs().expect("complete");
+        assert_eq!(list, vec![None, Some(entry(6)), Some(entry(7))]);
+        assert_eq!(g.take_prompt_logprobs(), None, "handed out once");
+        g.record_prompt_logprob(1, entry(6));
+        assert_eq!(g.take_prompt_logprobs(), None, "never refilled");
+        assert_eq!(g.next_prompt_logprob(), None);
+    }
+
+    #[test]
+    fn one_token_prompts_and_unasked_groups() {
+        let mut one = group(vec![9], true);
+        assert_eq!(one.next_prompt_logprob(), None);
+        assert_eq!(one.take_prompt_logprobs(), Some(vec![None]));
+        let mut none = group(vec![1, 2], false);
+        assert_eq!(none.next_prompt_logprob(), None);
+        assert_eq!(none.take_prompt_logprobs(), None);
+    }
 }
