@@ -188,119 +188,127 @@ fn compare(
 
 #[test]
 fn beam_search_matches_brute_force_for_widths_and_lengths() {
-    let ps = prompts(21, 2, 6, 14);
-    for (width, max_tokens) in [(1, 6), (2, 5), (4, 7), (2, 9)] {
-        for p in &ps {
-            compare(
-                &Setup::default(),
-                p,
-                width,
-                width.min(2),
-                max_tokens,
-                &[],
-                1.0,
-            );
+    common::on_each_executor(|| {
+        let ps = prompts(21, 2, 6, 14);
+        for (width, max_tokens) in [(1, 6), (2, 5), (4, 7), (2, 9)] {
+            for p in &ps {
+                compare(
+                    &Setup::default(),
+                    p,
+                    width,
+                    width.min(2),
+                    max_tokens,
+                    &[],
+                    1.0,
+                );
+            }
         }
-    }
+    });
 }
 
 #[test]
 fn beam_search_with_stop_tokens_and_length_penalty() {
-    let prompt = prompts(22, 1, 10, 10).remove(0);
-    // A stop token likely to rank high: the second-best first token.
-    let mut eng = engine(&Setup::default());
-    let first = next_logprobs(&mut eng, &mut 0, &prompt, 3);
-    for (width, lp) in [(2, 1.0f32), (4, 0.5), (4, 2.0)] {
-        compare(&Setup::default(), &prompt, width, 2, 6, &[first[1].0], lp);
-    }
-    // Ranked third with width 2: a stop candidate outside the first `width`
-    // is dropped, not finished.
-    for lp in [0.0f32, 1.0] {
-        compare(&Setup::default(), &prompt, 2, 2, 6, &[first[2].0], lp);
-    }
+    common::on_each_executor(|| {
+        let prompt = prompts(22, 1, 10, 10).remove(0);
+        // A stop token likely to rank high: the second-best first token.
+        let mut eng = engine(&Setup::default());
+        let first = next_logprobs(&mut eng, &mut 0, &prompt, 3);
+        for (width, lp) in [(2, 1.0f32), (4, 0.5), (4, 2.0)] {
+            compare(&Setup::default(), &prompt, width, 2, 6, &[first[1].0], lp);
+        }
+        // Ranked third with width 2: a stop candidate outside the first `width`
+        // is dropped, not finished.
+        for lp in [0.0f32, 1.0] {
+            compare(&Setup::default(), &prompt, 2, 2, 6, &[first[2].0], lp);
+        }
+    });
 }
 
 #[test]
 fn beam_search_survives_swap_and_recompute() {
-    let prompt = prompts(23, 1, 12, 12).remove(0);
-    let want = reference(&prompt, 4, 2, 10, &[], 1.0);
-    for mode in [PreemptionMode::Swap, PreemptionMode::Recompute] {
-        let mut setup = Setup {
-            device_blocks: 40,
-            cpu_blocks: 256,
-            ..Setup::default()
-        };
-        setup.sched.preemption_mode = mode;
-        let mut eng = engine(&setup);
-        // Background load forces the beam group out and back.
-        for (i, p) in prompts(24, 5, 20, 30).into_iter().enumerate() {
-            eng.add_request(RequestId(100 + i as u64), p, common::params(20))
-                .expect("ok");
-        }
-        eng.add_request(
-            RequestId(0),
-            prompt.clone(),
-            beam_params(4, 2, 10, &[], 1.0),
-        )
-        .expect("ok");
-        let mut got = Vec::new();
-        while eng.has_unfinished() {
-            for o in eng.step() {
-                assert!(o.error.is_none(), "{:?}", o.error);
-                if o.request_id == RequestId(0) {
-                    got.extend(o.seqs.into_iter().map(|s| s.new_token_ids));
+    common::on_each_executor(|| {
+        let prompt = prompts(23, 1, 12, 12).remove(0);
+        let want = reference(&prompt, 4, 2, 10, &[], 1.0);
+        for mode in [PreemptionMode::Swap, PreemptionMode::Recompute] {
+            let mut setup = Setup {
+                device_blocks: 40,
+                cpu_blocks: 256,
+                ..Setup::default()
+            };
+            setup.sched.preemption_mode = mode;
+            let mut eng = engine(&setup);
+            // Background load forces the beam group out and back.
+            for (i, p) in prompts(24, 5, 20, 30).into_iter().enumerate() {
+                eng.add_request(RequestId(100 + i as u64), p, common::params(20))
+                    .expect("ok");
+            }
+            eng.add_request(
+                RequestId(0),
+                prompt.clone(),
+                beam_params(4, 2, 10, &[], 1.0),
+            )
+            .expect("ok");
+            let mut got = Vec::new();
+            while eng.has_unfinished() {
+                for o in eng.step() {
+                    assert!(o.error.is_none(), "{:?}", o.error);
+                    if o.request_id == RequestId(0) {
+                        got.extend(o.seqs.into_iter().map(|s| s.new_token_ids));
+                    }
                 }
             }
+            let want_tokens: Vec<Vec<u32>> = want.iter().map(|h| h.0.clone()).collect();
+            assert_eq!(got, want_tokens, "{mode:?}");
+            let s = eng.stats().scheduler;
+            assert!(
+                s.preemptions_swap + s.preemptions_recompute > 0,
+                "{mode:?}: {s:?}"
+            );
+            assert_pools_full(&eng);
         }
-        let want_tokens: Vec<Vec<u32>> = want.iter().map(|h| h.0.clone()).collect();
-        assert_eq!(got, want_tokens, "{mode:?}");
-        let s = eng.stats().scheduler;
-        assert!(
-            s.preemptions_swap + s.preemptions_recompute > 0,
-            "{mode:?}: {s:?}"
-        );
-        assert_pools_full(&eng);
-    }
+    });
 }
 
 #[test]
 fn early_stopping_ends_the_search_at_width_hypotheses() {
-    // Stop tokens: the second-best first token (a hypothesis at step 1),
-    // and one of the best beam's step-2 candidates. Among those candidates,
-    // find one where the two stopping rules give different results, then
-    // check the engine follows each rule.
-    let prompt = prompts(25, 1, 9, 9).remove(0);
-    let mut eng = engine(&Setup::default());
-    let mut id = 0;
-    let first = next_logprobs(&mut eng, &mut id, &prompt, 4);
-    let mut after = prompt.clone();
-    after.push(first[0].0);
-    let second = next_logprobs(&mut eng, &mut id, &after, 6);
-    let (width, n, max_tokens, lp) = (2, 2, 8, 1.0f32);
-    let mut distinguished = 0;
-    for &(t2, _) in &second {
-        let stops = [first[1].0, t2];
-        let want_early = reference_with(&prompt, width, n, max_tokens, &stops, lp, true);
-        let want_late = reference_with(&prompt, width, n, max_tokens, &stops, lp, false);
-        if want_early == want_late {
-            continue;
+    common::on_each_executor(|| {
+        // Stop tokens: the second-best first token (a hypothesis at step 1),
+        // and one of the best beam's step-2 candidates. Among those candidates,
+        // find one where the two stopping rules give different results, then
+        // check the engine follows each rule.
+        let prompt = prompts(25, 1, 9, 9).remove(0);
+        let mut eng = engine(&Setup::default());
+        let mut id = 0;
+        let first = next_logprobs(&mut eng, &mut id, &prompt, 4);
+        let mut after = prompt.clone();
+        after.push(first[0].0);
+        let second = next_logprobs(&mut eng, &mut id, &after, 6);
+        let (width, n, max_tokens, lp) = (2, 2, 8, 1.0f32);
+        let mut distinguished = 0;
+        for &(t2, _) in &second {
+            let stops = [first[1].0, t2];
+            let want_early = reference_with(&prompt, width, n, max_tokens, &stops, lp, true);
+            let want_late = reference_with(&prompt, width, n, max_tokens, &stops, lp, false);
+            if want_early == want_late {
+                continue;
+            }
+            distinguished += 1;
+            for (early, want) in [(true, &want_early), (false, &want_late)] {
+                let mut params = beam_params(width, n, max_tokens, &stops, lp);
+                params.sampling.early_stopping = early;
+                let (got, eng) = run_engine(&Setup::default(), &prompt, params);
+                let got_tokens: Vec<&Vec<u32>> = got.iter().map(|g| &g.0).collect();
+                let want_tokens: Vec<&Vec<u32>> = want.iter().map(|h| &h.0).collect();
+                assert_eq!(
+                    got_tokens, want_tokens,
+                    "early_stopping {early}, stops {stops:?}"
+                );
+                assert_pools_full(&eng);
+            }
         }
-        distinguished += 1;
-        for (early, want) in [(true, &want_early), (false, &want_late)] {
-            let mut params = beam_params(width, n, max_tokens, &stops, lp);
-            params.sampling.early_stopping = early;
-            let (got, eng) = run_engine(&Setup::default(), &prompt, params);
-            let got_tokens: Vec<&Vec<u32>> = got.iter().map(|g| &g.0).collect();
-            let want_tokens: Vec<&Vec<u32>> = want.iter().map(|h| &h.0).collect();
-            assert_eq!(
-                got_tokens, want_tokens,
-                "early_stopping {early}, stops {stops:?}"
-            );
-            assert_pools_full(&eng);
-        }
-    }
-    assert!(
-        distinguished > 0,
-        "no stop-token choice separates the two rules on this prompt"
-    );
+        assert!(
+            distinguished > 0,
+            "no stop-token choice separates the two rules on this prompt"
+        );
+    });
 }

@@ -41,149 +41,159 @@ fn eventually(mut cond: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn streams_match_the_synchronous_engine() {
-    let ps = prompts(21, 5, 4, 30);
-    let max = [10, 12, 8, 14, 9];
-    let (want, _) = run_batch(&Setup::default(), &ps, &max);
-    let handle =
-        EngineHandle::spawn(engine(&Setup::default()), HandleConfig::default()).expect("spawn");
-    let mut streams: Vec<_> = ps
-        .iter()
-        .zip(max)
-        .map(|(p, m)| handle.add_request(p.clone(), params(m)).expect("accepted"))
-        .collect();
-    for (s, w) in streams.iter_mut().zip(&want) {
-        assert_eq!(&read_all(s), &(w.clone(), None));
-    }
-    // Refusals come back synchronously.
-    assert_eq!(
-        handle.add_request(vec![], params(3)).err(),
-        Some(EngineError::EmptyPrompt)
-    );
-    handle.shutdown(ShutdownMode::Drain);
-    assert_eq!(
-        handle.add_request(ps[0].clone(), params(3)).err(),
-        Some(EngineError::ShutDown)
-    );
+    common::on_each_executor(|| {
+        let ps = prompts(21, 5, 4, 30);
+        let max = [10, 12, 8, 14, 9];
+        let (want, _) = run_batch(&Setup::default(), &ps, &max);
+        let handle =
+            EngineHandle::spawn(engine(&Setup::default()), HandleConfig::default()).expect("spawn");
+        let mut streams: Vec<_> = ps
+            .iter()
+            .zip(max)
+            .map(|(p, m)| handle.add_request(p.clone(), params(m)).expect("accepted"))
+            .collect();
+        for (s, w) in streams.iter_mut().zip(&want) {
+            assert_eq!(&read_all(s), &(w.clone(), None));
+        }
+        // Refusals come back synchronously.
+        assert_eq!(
+            handle.add_request(vec![], params(3)).err(),
+            Some(EngineError::EmptyPrompt)
+        );
+        handle.shutdown(ShutdownMode::Drain);
+        assert_eq!(
+            handle.add_request(ps[0].clone(), params(3)).err(),
+            Some(EngineError::ShutDown)
+        );
+    });
 }
 
 #[test]
 fn dropping_a_stream_frees_its_blocks() {
-    let handle =
-        EngineHandle::spawn(engine(&Setup::default()), HandleConfig::default()).expect("spawn");
-    let p = prompts(4, 1, 30, 30).remove(0);
-    let mut s = handle.add_request(p, params(200)).expect("accepted");
-    // Wait for the first token: the request holds blocks now.
-    assert!(matches!(s.blocking_recv(), Some(Ok(_))));
-    assert!(handle.stats().kv.free_blocks < handle.stats().kv.total_blocks);
-    drop(s);
-    assert!(eventually(|| {
-        let st = handle.stats();
-        st.kv.free_blocks == st.kv.total_blocks && st.scheduler.num_running == 0
-    }));
-    handle.shutdown(ShutdownMode::Abort);
+    common::on_each_executor(|| {
+        let handle =
+            EngineHandle::spawn(engine(&Setup::default()), HandleConfig::default()).expect("spawn");
+        let p = prompts(4, 1, 30, 30).remove(0);
+        let mut s = handle.add_request(p, params(200)).expect("accepted");
+        // Wait for the first token: the request holds blocks now.
+        assert!(matches!(s.blocking_recv(), Some(Ok(_))));
+        assert!(handle.stats().kv.free_blocks < handle.stats().kv.total_blocks);
+        drop(s);
+        assert!(eventually(|| {
+            let st = handle.stats();
+            st.kv.free_blocks == st.kv.total_blocks && st.scheduler.num_running == 0
+        }));
+        handle.shutdown(ShutdownMode::Abort);
+    });
 }
 
 #[test]
 fn waiting_limit_answers_overloaded_and_shutdown_drains() {
-    // One long request fills the pool; the rest must wait.
-    let setup = Setup {
-        device_blocks: 40,
-        ..Setup::default()
-    };
-    let limit = 4;
-    let handle =
-        EngineHandle::spawn(engine(&setup), HandleConfig { max_waiting: limit }).expect("spawn");
-    let long = prompts(8, 1, 20, 20).remove(0);
-    let mut first = handle.add_request(long, params(130)).expect("accepted");
-    assert!(matches!(first.blocking_recv(), Some(Ok(_))));
-    let mut accepted = Vec::new();
-    let mut overloaded = None;
-    for p in prompts(9, 3 * limit, 60, 60) {
-        match handle.add_request(p, params(40)) {
-            Ok(s) => accepted.push(s),
-            Err(e) => {
-                overloaded = Some(e);
-                break;
+    common::on_each_executor(|| {
+        // One long request fills the pool; the rest must wait.
+        let setup = Setup {
+            device_blocks: 40,
+            ..Setup::default()
+        };
+        let limit = 4;
+        let handle = EngineHandle::spawn(engine(&setup), HandleConfig { max_waiting: limit })
+            .expect("spawn");
+        let long = prompts(8, 1, 20, 20).remove(0);
+        let mut first = handle.add_request(long, params(130)).expect("accepted");
+        assert!(matches!(first.blocking_recv(), Some(Ok(_))));
+        let mut accepted = Vec::new();
+        let mut overloaded = None;
+        for p in prompts(9, 3 * limit, 60, 60) {
+            match handle.add_request(p, params(40)) {
+                Ok(s) => accepted.push(s),
+                Err(e) => {
+                    overloaded = Some(e);
+                    break;
+                }
             }
         }
-    }
-    assert!(
-        matches!(overloaded, Some(EngineError::Overloaded { limit: 4, .. })),
-        "{overloaded:?} after {} accepted",
-        accepted.len()
-    );
-    assert!(
-        accepted.len() >= limit - 1 && accepted.len() <= limit,
-        "{}",
-        accepted.len()
-    );
-    // Drain: everything accepted still completes.
-    let joiner = {
-        let h = handle.clone();
-        std::thread::spawn(move || h.shutdown(ShutdownMode::Drain))
-    };
-    let (rest, err) = read_all(&mut first);
-    assert_eq!((rest.len(), err), (129, None));
-    for s in accepted.iter_mut() {
-        let (t, e) = read_all(s);
-        assert_eq!((t.len(), e), (40, None));
-    }
-    joiner.join().expect("shutdown");
-    let st = handle.stats();
-    assert_eq!(st.kv.free_blocks, st.kv.total_blocks);
+        assert!(
+            matches!(overloaded, Some(EngineError::Overloaded { limit: 4, .. })),
+            "{overloaded:?} after {} accepted",
+            accepted.len()
+        );
+        assert!(
+            accepted.len() >= limit - 1 && accepted.len() <= limit,
+            "{}",
+            accepted.len()
+        );
+        // Drain: everything accepted still completes.
+        let joiner = {
+            let h = handle.clone();
+            std::thread::spawn(move || h.shutdown(ShutdownMode::Drain))
+        };
+        let (rest, err) = read_all(&mut first);
+        assert_eq!((rest.len(), err), (129, None));
+        for s in accepted.iter_mut() {
+            let (t, e) = read_all(s);
+            assert_eq!((t.len(), e), (40, None));
+        }
+        joiner.join().expect("shutdown");
+        let st = handle.stats();
+        assert_eq!(st.kv.free_blocks, st.kv.total_blocks);
+    });
 }
 
 #[test]
 fn abort_shutdown_ends_every_stream() {
-    let handle =
-        EngineHandle::spawn(engine(&Setup::default()), HandleConfig::default()).expect("spawn");
-    let mut streams: Vec<_> = prompts(10, 4, 10, 20)
-        .into_iter()
-        .map(|p| handle.add_request(p, params(250)).expect("accepted"))
-        .collect();
-    assert!(matches!(streams[0].blocking_recv(), Some(Ok(_))));
-    handle.shutdown(ShutdownMode::Abort);
-    for s in streams.iter_mut() {
-        let (tokens, err) = read_all(s);
-        assert!(tokens.len() < 250);
-        assert_eq!(err, Some(EngineError::ShutDown));
-    }
-    let st = handle.stats();
-    assert_eq!(st.kv.free_blocks, st.kv.total_blocks);
+    common::on_each_executor(|| {
+        let handle =
+            EngineHandle::spawn(engine(&Setup::default()), HandleConfig::default()).expect("spawn");
+        let mut streams: Vec<_> = prompts(10, 4, 10, 20)
+            .into_iter()
+            .map(|p| handle.add_request(p, params(250)).expect("accepted"))
+            .collect();
+        assert!(matches!(streams[0].blocking_recv(), Some(Ok(_))));
+        handle.shutdown(ShutdownMode::Abort);
+        for s in streams.iter_mut() {
+            let (tokens, err) = read_all(s);
+            assert!(tokens.len() < 250);
+            assert_eq!(err, Some(EngineError::ShutDown));
+        }
+        let st = handle.stats();
+        assert_eq!(st.kv.free_blocks, st.kv.total_blocks);
+    });
 }
 
 #[test]
 fn explicit_abort_ends_the_stream_with_reason_abort() {
-    let handle =
-        EngineHandle::spawn(engine(&Setup::default()), HandleConfig::default()).expect("spawn");
-    // Company keeps each step busy, so the abort lands long before the
-    // request could reach its length.
-    let mut company: Vec<_> = prompts(13, 32, 10, 10)
-        .into_iter()
-        .map(|p| handle.add_request(p, params(240)).expect("accepted"))
-        .collect();
-    let p = prompts(12, 1, 10, 10).remove(0);
-    let mut s = handle.add_request(p, params(240)).expect("accepted");
-    assert!(matches!(s.blocking_recv(), Some(Ok(_))));
-    handle.abort(s.request_id());
-    let mut last = None;
-    while let Some(item) = s.blocking_recv() {
-        let out = item.expect("no error");
-        if out.finished {
-            last = Some(out);
-            break;
+    common::on_each_executor(|| {
+        let handle =
+            EngineHandle::spawn(engine(&Setup::default()), HandleConfig::default()).expect("spawn");
+        // Company keeps each step busy, so the abort lands long before the
+        // request could reach its length.
+        let mut company: Vec<_> = prompts(13, 32, 10, 10)
+            .into_iter()
+            .map(|p| handle.add_request(p, params(240)).expect("accepted"))
+            .collect();
+        let p = prompts(12, 1, 10, 10).remove(0);
+        let mut s = handle.add_request(p, params(240)).expect("accepted");
+        assert!(matches!(s.blocking_recv(), Some(Ok(_))));
+        handle.abort(s.request_id());
+        let mut last = None;
+        while let Some(item) = s.blocking_recv() {
+            let out = item.expect("no error");
+            if out.finished {
+                last = Some(out);
+                break;
+            }
         }
-    }
-    let last = last.expect("a final output");
-    assert!(last
-        .seqs
-        .iter()
-        .any(|o| o.finish_reason == Some(FinishReason::Abort)));
-    for c in company.iter_mut() {
-        assert_eq!(read_all(c).0.len(), 240);
-    }
-    assert!(eventually(|| {
-        let st = handle.stats();
-        st.kv.free_blocks == st.kv.total_blocks
-    }));
+        let last = last.expect("a final output");
+        assert!(last
+            .seqs
+            .iter()
+            .any(|o| o.finish_reason == Some(FinishReason::Abort)));
+        for c in company.iter_mut() {
+            assert_eq!(read_all(c).0.len(), 240);
+        }
+        assert!(eventually(|| {
+            let st = handle.stats();
+            st.kv.free_blocks == st.kv.total_blocks
+        }));
+    });
 }

@@ -154,213 +154,223 @@ fn entries(g: &Got, what: &str) -> Vec<Option<PromptLogprob>> {
 
 #[test]
 fn prompt_logprobs_match_a_plain_forward_pass() {
-    let mut ps = prompts(31, 3, 5, 40);
-    ps.push(vec![17]); // a one-token prompt: [None]
-    let mut eng = engine(&Setup::default());
-    for (i, p) in ps.iter().enumerate() {
-        eng.add_request(
-            RequestId(i as u64),
-            p.clone(),
-            with_prompt_logprobs(i % 4, 3),
-        )
-        .expect("ok");
-    }
-    // A request without prompt_logprobs gets none.
-    eng.add_request(RequestId(99), ps[0].clone(), common::params(3))
-        .expect("ok");
-    let got = run(&mut eng);
-    for (i, p) in ps.iter().enumerate() {
-        let g = &got[&RequestId(i as u64)];
-        check(p, &entries(g, "batched"), i % 4, &format!("request {i}"));
-        assert_eq!(g.tokens.len(), 3);
-    }
-    assert_eq!(got[&RequestId(99)].times, 0);
-    assert_pools_full(&eng);
+    common::on_each_executor(|| {
+        let mut ps = prompts(31, 3, 5, 40);
+        ps.push(vec![17]); // a one-token prompt: [None]
+        let mut eng = engine(&Setup::default());
+        for (i, p) in ps.iter().enumerate() {
+            eng.add_request(
+                RequestId(i as u64),
+                p.clone(),
+                with_prompt_logprobs(i % 4, 3),
+            )
+            .expect("ok");
+        }
+        // A request without prompt_logprobs gets none.
+        eng.add_request(RequestId(99), ps[0].clone(), common::params(3))
+            .expect("ok");
+        let got = run(&mut eng);
+        for (i, p) in ps.iter().enumerate() {
+            let g = &got[&RequestId(i as u64)];
+            check(p, &entries(g, "batched"), i % 4, &format!("request {i}"));
+            assert_eq!(g.tokens.len(), 3);
+        }
+        assert_eq!(got[&RequestId(99)].times, 0);
+        assert_pools_full(&eng);
+    });
 }
 
 #[test]
 fn chunked_prefill_collects_every_chunk() {
-    let ps = prompts(32, 3, 25, 45);
-    for budget in [3usize, 8, 16] {
-        let mut setup = Setup::default();
-        setup.sched.max_num_batched_tokens = budget;
-        let mut eng = engine(&setup);
-        for (i, p) in ps.iter().enumerate() {
-            eng.add_request(RequestId(i as u64), p.clone(), with_prompt_logprobs(5, 4))
-                .expect("ok");
+    common::on_each_executor(|| {
+        let ps = prompts(32, 3, 25, 45);
+        for budget in [3usize, 8, 16] {
+            let mut setup = Setup::default();
+            setup.sched.max_num_batched_tokens = budget;
+            let mut eng = engine(&setup);
+            for (i, p) in ps.iter().enumerate() {
+                eng.add_request(RequestId(i as u64), p.clone(), with_prompt_logprobs(5, 4))
+                    .expect("ok");
+            }
+            let got = run(&mut eng);
+            for (i, p) in ps.iter().enumerate() {
+                let what = format!("budget {budget} request {i}");
+                check(p, &entries(&got[&RequestId(i as u64)], &what), 5, &what);
+            }
+            assert_pools_full(&eng);
         }
-        let got = run(&mut eng);
-        for (i, p) in ps.iter().enumerate() {
-            let what = format!("budget {budget} request {i}");
-            check(p, &entries(&got[&RequestId(i as u64)], &what), 5, &what);
-        }
-        assert_pools_full(&eng);
-    }
+    });
 }
 
 #[test]
 fn prefix_cache_hits_are_not_taken_for_prompt_logprobs() {
-    let prompt = prompts(33, 1, 30, 30).remove(0);
-    let setup = Setup {
-        prefix_caching: true,
-        ..Setup::default()
-    };
-    let mut eng = engine(&setup);
-    // Fills the cache with the prompt's blocks.
-    eng.add_request(RequestId(0), prompt.clone(), common::params(2))
-        .expect("ok");
-    run(&mut eng);
-    // Same prompt with prompt_logprobs: every entry, and no cache hit.
-    eng.add_request(RequestId(1), prompt.clone(), with_prompt_logprobs(2, 2))
-        .expect("ok");
-    let got = run(&mut eng);
-    let g = &got[&RequestId(1)];
-    assert_eq!(g.cached, 0, "a prompt_logprobs request took a cache hit");
-    check(
-        &prompt,
-        &entries(g, "after cache fill"),
-        2,
-        "after cache fill",
-    );
-    // The cache does hold the prompt: a plain request hits it.
-    eng.add_request(RequestId(2), prompt.clone(), common::params(2))
-        .expect("ok");
-    let got = run(&mut eng);
-    assert!(got[&RequestId(2)].cached > 0, "the cache was not filled");
-    assert_eq!(got[&RequestId(2)].times, 0);
-    // And two prompt_logprobs requests of that prompt at once, both full.
-    for id in [3, 4] {
-        eng.add_request(RequestId(id), prompt.clone(), with_prompt_logprobs(1, 2))
+    common::on_each_executor(|| {
+        let prompt = prompts(33, 1, 30, 30).remove(0);
+        let setup = Setup {
+            prefix_caching: true,
+            ..Setup::default()
+        };
+        let mut eng = engine(&setup);
+        // Fills the cache with the prompt's blocks.
+        eng.add_request(RequestId(0), prompt.clone(), common::params(2))
             .expect("ok");
-    }
-    let got = run(&mut eng);
-    for id in [3, 4] {
-        let what = format!("concurrent {id}");
-        check(&prompt, &entries(&got[&RequestId(id)], &what), 1, &what);
-    }
-    assert_pools_full(&eng);
+        run(&mut eng);
+        // Same prompt with prompt_logprobs: every entry, and no cache hit.
+        eng.add_request(RequestId(1), prompt.clone(), with_prompt_logprobs(2, 2))
+            .expect("ok");
+        let got = run(&mut eng);
+        let g = &got[&RequestId(1)];
+        assert_eq!(g.cached, 0, "a prompt_logprobs request took a cache hit");
+        check(
+            &prompt,
+            &entries(g, "after cache fill"),
+            2,
+            "after cache fill",
+        );
+        // The cache does hold the prompt: a plain request hits it.
+        eng.add_request(RequestId(2), prompt.clone(), common::params(2))
+            .expect("ok");
+        let got = run(&mut eng);
+        assert!(got[&RequestId(2)].cached > 0, "the cache was not filled");
+        assert_eq!(got[&RequestId(2)].times, 0);
+        // And two prompt_logprobs requests of that prompt at once, both full.
+        for id in [3, 4] {
+            eng.add_request(RequestId(id), prompt.clone(), with_prompt_logprobs(1, 2))
+                .expect("ok");
+        }
+        let got = run(&mut eng);
+        for id in [3, 4] {
+            let what = format!("concurrent {id}");
+            check(&prompt, &entries(&got[&RequestId(id)], &what), 1, &what);
+        }
+        assert_pools_full(&eng);
+    });
 }
 
 #[test]
 fn preemption_neither_loses_nor_duplicates_prompt_logprobs() {
-    // Two decoders grow in a small pool while two low-priority long prompts
-    // are prefilled in small chunks: the long ones are the victims each time
-    // a decoder needs a block, in the middle of their prefill.
-    let decoders = prompts(34, 2, 12, 12);
-    let long = prompts(35, 2, 36, 44);
-    for mode in [PreemptionMode::Recompute, PreemptionMode::Swap] {
-        let mut setup = Setup {
-            device_blocks: 28,
-            cpu_blocks: if mode == PreemptionMode::Swap { 256 } else { 0 },
-            ..Setup::default()
-        };
-        setup.sched.preemption_mode = mode;
-        setup.sched.max_num_batched_tokens = 4;
-        let mut eng = engine(&setup);
-        for (i, p) in decoders.iter().enumerate() {
-            eng.add_request(RequestId(i as u64), p.clone(), common::params(70))
-                .expect("ok");
-        }
-        let mut early = Vec::new();
-        for _ in 0..8 {
-            early.extend(eng.step());
-        }
-        assert!(early.iter().all(|o| o.prompt_logprobs.is_none()));
-        for (i, p) in long.iter().enumerate() {
-            let params = RequestParams {
-                priority: 1,
-                ..with_prompt_logprobs(3, 8)
+    common::on_each_executor(|| {
+        // Two decoders grow in a small pool while two low-priority long prompts
+        // are prefilled in small chunks: the long ones are the victims each time
+        // a decoder needs a block, in the middle of their prefill.
+        let decoders = prompts(34, 2, 12, 12);
+        let long = prompts(35, 2, 36, 44);
+        for mode in [PreemptionMode::Recompute, PreemptionMode::Swap] {
+            let mut setup = Setup {
+                device_blocks: 28,
+                cpu_blocks: if mode == PreemptionMode::Swap { 256 } else { 0 },
+                ..Setup::default()
             };
-            eng.add_request(RequestId(10 + i as u64), p.clone(), params)
-                .expect("ok");
+            setup.sched.preemption_mode = mode;
+            setup.sched.max_num_batched_tokens = 4;
+            let mut eng = engine(&setup);
+            for (i, p) in decoders.iter().enumerate() {
+                eng.add_request(RequestId(i as u64), p.clone(), common::params(70))
+                    .expect("ok");
+            }
+            let mut early = Vec::new();
+            for _ in 0..8 {
+                early.extend(eng.step());
+            }
+            assert!(early.iter().all(|o| o.prompt_logprobs.is_none()));
+            for (i, p) in long.iter().enumerate() {
+                let params = RequestParams {
+                    priority: 1,
+                    ..with_prompt_logprobs(3, 8)
+                };
+                eng.add_request(RequestId(10 + i as u64), p.clone(), params)
+                    .expect("ok");
+            }
+            let got = run(&mut eng);
+            for (i, p) in long.iter().enumerate() {
+                let what = format!("{mode:?} request {i}");
+                check(
+                    p,
+                    &entries(&got[&RequestId(10 + i as u64)], &what),
+                    3,
+                    &what,
+                );
+            }
+            let s = eng.stats().scheduler;
+            match mode {
+                PreemptionMode::Recompute => assert!(s.preemptions_recompute > 0, "{s:?}"),
+                _ => assert!(s.preemptions_swap > 0, "{s:?}"),
+            }
+            // Recomputed prompt tokens count again: the long prompts were
+            // (partly) computed more than once.
+            let long_tokens: usize = long.iter().map(Vec::len).sum();
+            let decoder_tokens: usize = decoders.iter().map(Vec::len).sum();
+            if mode == PreemptionMode::Recompute {
+                assert!(
+                    s.prompt_tokens as usize > long_tokens + decoder_tokens,
+                    "no prompt was recomputed: {s:?}"
+                );
+            }
+            assert_pools_full(&eng);
         }
-        let got = run(&mut eng);
-        for (i, p) in long.iter().enumerate() {
-            let what = format!("{mode:?} request {i}");
-            check(
-                p,
-                &entries(&got[&RequestId(10 + i as u64)], &what),
-                3,
-                &what,
-            );
-        }
-        let s = eng.stats().scheduler;
-        match mode {
-            PreemptionMode::Recompute => assert!(s.preemptions_recompute > 0, "{s:?}"),
-            _ => assert!(s.preemptions_swap > 0, "{s:?}"),
-        }
-        // Recomputed prompt tokens count again: the long prompts were
-        // (partly) computed more than once.
-        let long_tokens: usize = long.iter().map(Vec::len).sum();
-        let decoder_tokens: usize = decoders.iter().map(Vec::len).sum();
-        if mode == PreemptionMode::Recompute {
-            assert!(
-                s.prompt_tokens as usize > long_tokens + decoder_tokens,
-                "no prompt was recomputed: {s:?}"
-            );
-        }
-        assert_pools_full(&eng);
-    }
+    });
 }
 
 #[test]
 fn buffered_groups_report_prompt_logprobs_on_their_final_output() {
-    let prompt = prompts(36, 1, 14, 14).remove(0);
-    let best_of = RequestParams {
-        sampling: SamplingParams {
-            n: 1,
-            best_of: Some(3),
-            temperature: 1.0,
-            seed: Some(5),
-            prompt_logprobs: Some(2),
-            ..SamplingParams::default()
-        },
-        ..with_prompt_logprobs(2, 5)
-    };
-    let beam = RequestParams {
-        sampling: SamplingParams {
-            n: 2,
-            best_of: Some(3),
-            use_beam_search: true,
-            prompt_logprobs: Some(2),
-            ..SamplingParams::default()
-        },
-        ..with_prompt_logprobs(2, 5)
-    };
-    let parallel = RequestParams {
-        sampling: SamplingParams {
-            n: 3,
-            temperature: 1.0,
-            seed: Some(6),
-            prompt_logprobs: Some(2),
-            ..SamplingParams::default()
-        },
-        ..with_prompt_logprobs(2, 5)
-    };
-    for (name, params) in [("best_of", best_of), ("beam", beam), ("n=3", parallel)] {
-        let mut eng = engine(&Setup::default());
-        eng.add_request(RequestId(0), prompt.clone(), params)
-            .expect("ok");
-        let mut carried_by_final = false;
-        let mut times = 0;
-        let mut list = None;
-        while eng.has_unfinished() {
-            for o in eng.step() {
-                assert!(o.error.is_none(), "{name}: {:?}", o.error);
-                if let Some(p) = o.prompt_logprobs {
-                    times += 1;
-                    carried_by_final = o.finished;
-                    // Never ahead of the tokens: the output carries them.
-                    assert!(!o.seqs.is_empty(), "{name}");
-                    list = Some(p);
+    common::on_each_executor(|| {
+        let prompt = prompts(36, 1, 14, 14).remove(0);
+        let best_of = RequestParams {
+            sampling: SamplingParams {
+                n: 1,
+                best_of: Some(3),
+                temperature: 1.0,
+                seed: Some(5),
+                prompt_logprobs: Some(2),
+                ..SamplingParams::default()
+            },
+            ..with_prompt_logprobs(2, 5)
+        };
+        let beam = RequestParams {
+            sampling: SamplingParams {
+                n: 2,
+                best_of: Some(3),
+                use_beam_search: true,
+                prompt_logprobs: Some(2),
+                ..SamplingParams::default()
+            },
+            ..with_prompt_logprobs(2, 5)
+        };
+        let parallel = RequestParams {
+            sampling: SamplingParams {
+                n: 3,
+                temperature: 1.0,
+                seed: Some(6),
+                prompt_logprobs: Some(2),
+                ..SamplingParams::default()
+            },
+            ..with_prompt_logprobs(2, 5)
+        };
+        for (name, params) in [("best_of", best_of), ("beam", beam), ("n=3", parallel)] {
+            let mut eng = engine(&Setup::default());
+            eng.add_request(RequestId(0), prompt.clone(), params)
+                .expect("ok");
+            let mut carried_by_final = false;
+            let mut times = 0;
+            let mut list = None;
+            while eng.has_unfinished() {
+                for o in eng.step() {
+                    assert!(o.error.is_none(), "{name}: {:?}", o.error);
+                    if let Some(p) = o.prompt_logprobs {
+                        times += 1;
+                        carried_by_final = o.finished;
+                        // Never ahead of the tokens: the output carries them.
+                        assert!(!o.seqs.is_empty(), "{name}");
+                        list = Some(p);
+                    }
                 }
             }
+            assert_eq!(times, 1, "{name}");
+            if name != "n=3" {
+                assert!(carried_by_final, "{name}: buffered output");
+            }
+            check(&prompt, &list.expect("list"), 2, name);
+            assert_pools_full(&eng);
         }
-        assert_eq!(times, 1, "{name}");
-        if name != "n=3" {
-            assert!(carried_by_final, "{name}: buffered output");
-        }
-        check(&prompt, &list.expect("list"), 2, name);
-        assert_pools_full(&eng);
-    }
+    });
 }

@@ -70,50 +70,52 @@ fn run(
 
 #[test]
 fn two_hundred_requests_under_pressure_match_the_unpressured_run() {
-    let w = workload(42);
-    let longest_blocks = (MAX_PROMPT + MAX_OUTPUT).div_ceil(BLOCK);
+    common::on_each_executor(|| {
+        let w = workload(42);
+        let longest_blocks = (MAX_PROMPT + MAX_OUTPUT).div_ceil(BLOCK);
 
-    let roomy = Setup {
-        device_blocks: REQUESTS * longest_blocks,
-        prefix_caching: true,
-        ..Setup::default()
-    };
-    let (want, eng) = run(&roomy, &w, 1);
-    let s = eng.stats().scheduler;
-    assert_eq!(s.preemptions_swap + s.preemptions_recompute, 0, "{s:?}");
-    assert_pools_full(&eng);
+        let roomy = Setup {
+            device_blocks: REQUESTS * longest_blocks,
+            prefix_caching: true,
+            ..Setup::default()
+        };
+        let (want, eng) = run(&roomy, &w, 1);
+        let s = eng.stats().scheduler;
+        assert_eq!(s.preemptions_swap + s.preemptions_recompute, 0, "{s:?}");
+        assert_pools_full(&eng);
 
-    let mut tight = Setup {
-        device_blocks: longest_blocks + 4,
-        // Room for small victims only: large ones fall back to recompute.
-        cpu_blocks: longest_blocks / 2 + 2,
-        prefix_caching: true,
-        ..Setup::default()
-    };
-    tight.sched.preemption_mode = PreemptionMode::Auto;
-    let (got, eng) = run(&tight, &w, 2);
+        let mut tight = Setup {
+            device_blocks: longest_blocks + 4,
+            // Room for small victims only: large ones fall back to recompute.
+            cpu_blocks: longest_blocks / 2 + 2,
+            prefix_caching: true,
+            ..Setup::default()
+        };
+        tight.sched.preemption_mode = PreemptionMode::Auto;
+        let (got, eng) = run(&tight, &w, 2);
 
-    for i in 0..REQUESTS {
-        let id = RequestId(i as u64);
-        let (g, r) = (&got[&id], &want[&id]);
-        assert!(g.finished && g.error.is_none(), "request {i}: {g:?}");
-        assert_eq!(g.tokens.len(), w.max_tokens[i], "request {i} length");
-        assert_eq!(
-            g.tokens, r.tokens,
-            "request {i} differs from the unpressured run"
+        for i in 0..REQUESTS {
+            let id = RequestId(i as u64);
+            let (g, r) = (&got[&id], &want[&id]);
+            assert!(g.finished && g.error.is_none(), "request {i}: {g:?}");
+            assert_eq!(g.tokens.len(), w.max_tokens[i], "request {i} length");
+            assert_eq!(
+                g.tokens, r.tokens,
+                "request {i} differs from the unpressured run"
+            );
+        }
+        let s = eng.stats().scheduler;
+        assert!(s.preemptions_swap > 0, "swap never exercised: {s:?}");
+        assert!(
+            s.preemptions_recompute > 0,
+            "recompute never exercised: {s:?}"
         );
-    }
-    let s = eng.stats().scheduler;
-    assert!(s.preemptions_swap > 0, "swap never exercised: {s:?}");
-    assert!(
-        s.preemptions_recompute > 0,
-        "recompute never exercised: {s:?}"
-    );
-    assert_eq!((s.num_running, s.num_waiting, s.num_swapped), (0, 0, 0));
-    assert_eq!(
-        s.generation_tokens,
-        w.max_tokens.iter().sum::<usize>() as u64
-    );
-    assert_pools_full(&eng);
-    eprintln!("pressured run: {s:?}");
+        assert_eq!((s.num_running, s.num_waiting, s.num_swapped), (0, 0, 0));
+        assert_eq!(
+            s.generation_tokens,
+            w.max_tokens.iter().sum::<usize>() as u64
+        );
+        assert_pools_full(&eng);
+        eprintln!("pressured run: {s:?}");
+    });
 }

@@ -1,10 +1,12 @@
 //! Startup: model loading, engine construction, the listener, signals, and
 //! the `generate` command.
 
-use crate::cli::{EngineArgs, GenerateArgs, PreemptionArg, ServeArgs};
+use crate::cli::{DeviceArg, DtypeArg, EngineArgs, GenerateArgs, PreemptionArg, ServeArgs};
 use crate::engine_backend::{EngineBackend, EngineOptions};
 use crate::http::{self, AppState};
 use anyhow::{bail, Context};
+use engine::executor::gpu::DType;
+use engine::executor::{DeviceKind, ExecutorRequest};
 use engine::scheduler::{PreemptionMode, SchedulerConfig};
 use model_loader::{ChatMessage, LoadedModel};
 use std::path::PathBuf;
@@ -48,9 +50,24 @@ pub fn engine_options(args: &EngineArgs, context_len: usize, max_waiting: usize)
             },
         },
         block_size: args.block_size,
-        num_gpu_blocks: args.num_gpu_blocks_override,
-        kv_cache_bytes: (args.kv_cache_memory.max(0.0) * GIB) as usize,
-        swap_bytes: (args.swap_space.max(0.0) * GIB) as usize,
+        executor: ExecutorRequest {
+            device: match args.device {
+                DeviceArg::Auto => DeviceKind::Auto,
+                DeviceArg::Cpu => DeviceKind::Cpu,
+                DeviceArg::Cuda => DeviceKind::Cuda,
+            },
+            block_size: args.block_size,
+            num_gpu_blocks: args.num_gpu_blocks_override,
+            cpu_kv_cache_bytes: (args.kv_cache_memory.max(0.0) * GIB) as usize,
+            swap_bytes: (args.swap_space.max(0.0) * GIB) as usize,
+            gpu_memory_utilization: args.gpu_memory_utilization,
+            max_num_batched_tokens: args.max_num_batched_tokens,
+            dtype: match args.dtype {
+                DtypeArg::Auto | DtypeArg::Bfloat16 => DType::Bf16,
+                DtypeArg::Float16 => DType::F16,
+                DtypeArg::Float32 => DType::F32,
+            },
+        },
         enable_prefix_caching: args.enable_prefix_caching,
         max_waiting,
     }

@@ -36,6 +36,31 @@ pub enum PreemptionArg {
     Recompute,
 }
 
+/// `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// CUDA when this build has it and a GPU answers, else the CPU (the log says why).
+    Auto,
+    /// The CPU executor.
+    Cpu,
+    /// The CUDA executor; an error (never a fallback) when it cannot start.
+    Cuda,
+}
+
+/// `--dtype` (vLLM's names): element type of weights, activations and KV cache
+/// on the GPU. The CPU executor always computes in float32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DtypeArg {
+    /// bfloat16 on the GPU.
+    Auto,
+    #[value(alias = "bf16")]
+    Bfloat16,
+    #[value(alias = "half", alias = "fp16")]
+    Float16,
+    #[value(alias = "float", alias = "fp32")]
+    Float32,
+}
+
 /// Model and engine flags shared by `serve` and `generate`.
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
@@ -59,7 +84,8 @@ pub struct EngineArgs {
     /// CPU swap space for preempted sequences, in GiB.
     #[arg(long, default_value_t = 1.0)]
     pub swap_space: f64,
-    /// Memory for the KV cache pool, in GiB (ignored with --num-gpu-blocks-override).
+    /// CPU executor: memory for the KV cache pool, in GiB (ignored with
+    /// --num-gpu-blocks-override; the GPU sizes its pool by --gpu-memory-utilization).
     #[arg(long, default_value_t = 1.0)]
     pub kv_cache_memory: f64,
     /// Exact number of KV cache blocks, overriding --kv-cache-memory.
@@ -74,6 +100,16 @@ pub struct EngineArgs {
     /// How to preempt when KV blocks run out.
     #[arg(long, value_enum, default_value_t = PreemptionArg::Auto)]
     pub preemption_mode: PreemptionArg,
+    /// Which executor runs the model.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
+    /// GPU only: fraction of GPU memory for weights, activations and the KV
+    /// cache (the KV pool gets what a profile run leaves of it).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// GPU only: element type of weights, activations and KV cache.
+    #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
+    pub dtype: DtypeArg,
     /// Worker threads for the forward pass (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,

@@ -15,7 +15,7 @@ use crate::backend::{
     PromptTokenLogprob, SamplingParams, SeqDelta, StepOutput, TokenOut,
 };
 use engine::engine_loop::{EngineStats, HandleConfig, ShutdownMode};
-use engine::executor::CpuExecutor;
+use engine::executor::{build_executor, ExecutorRequest};
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
 use engine::model::LlamaModel;
 use engine::scheduler::{self, RequestParams, SchedulerConfig};
@@ -27,10 +27,8 @@ use futures_util::StreamExt;
 pub struct EngineOptions {
     pub scheduler: SchedulerConfig,
     pub block_size: usize,
-    /// Accelerator pool size in blocks; `None`: from `kv_cache_bytes`.
-    pub num_gpu_blocks: Option<usize>,
-    pub kv_cache_bytes: usize,
-    pub swap_bytes: usize,
+    /// Which executor and how its pools are sized.
+    pub executor: ExecutorRequest,
     pub enable_prefix_caching: bool,
     pub max_waiting: usize,
 }
@@ -51,13 +49,10 @@ impl EngineBackend {
     ) -> Result<Self, BackendError> {
         let internal = |e: &dyn std::fmt::Display| BackendError::Internal(e.to_string());
         let model = LlamaModel::new(config, weights).map_err(|e| internal(&e))?;
-        let per_block = CpuExecutor::bytes_per_block(&model, opts.block_size).max(1);
-        let gpu_blocks = opts
-            .num_gpu_blocks
-            .unwrap_or(opts.kv_cache_bytes / per_block);
-        let cpu_blocks = opts.swap_bytes / per_block;
-        let executor = CpuExecutor::new(model, gpu_blocks, cpu_blocks, opts.block_size)
-            .map_err(|e| internal(&e))?;
+        let built = build_executor(model, &opts.executor).map_err(|e| internal(&e))?;
+        let executor = built.executor;
+        let (gpu_blocks, cpu_blocks) = executor.num_blocks();
+        tracing::info!(executor = %built.description, gpu_blocks, cpu_blocks, "executor ready");
         let mut kv_cfg = PagedKvConfig::new(opts.block_size, gpu_blocks, cpu_blocks);
         kv_cfg.enable_prefix_caching = opts.enable_prefix_caching;
         let kv = PagedKvCacheManager::new(kv_cfg).map_err(|e| internal(&e))?;
@@ -67,7 +62,7 @@ impl EngineBackend {
                 eos_token_ids,
             },
             Box::new(kv),
-            Box::new(executor),
+            executor,
         )
         .map_err(map_err)?;
         let handle = EngineHandle::spawn(

@@ -178,7 +178,7 @@ fn smollm2_bf16_on_cuda_diverges_from_the_cpu_only_at_near_ties() {
     let dev = match CudaDevice::new(0) {
         Ok(d) => d,
         Err(e) => {
-            println!("SKIP cuda golden: {e}");
+            say(&format!("SKIP cuda golden: {e}"));
             return;
         }
     };
@@ -200,8 +200,12 @@ fn smollm2_bf16_on_cuda_diverges_from_the_cpu_only_at_near_ties() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn smollm2_on_cuda_needs_the_cuda_feature() {
-    println!(
-        "SKIP cuda golden: built without the `cuda` feature \
-         (cargo test -p integration-tests --features cuda --test golden_gpu)"
-    );
+    say("SKIP cuda golden: built without the `cuda` feature \
+         (cargo test -p integration-tests --features cuda --test golden_gpu)");
+}
+
+/// Writes straight to stderr: libtest captures `println!`, so a skip would be silent.
+fn say(msg: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{msg}");
 }

@@ -1,9 +1,21 @@
 //! Shared set-up for the engine's integration tests: the real tiny model
 //! (written by `model_loader::tiny` into a temp dir and loaded back), the
-//! real `PagedKvCacheManager` and the real `CpuExecutor`.
+//! real `PagedKvCacheManager` and a real executor.
+//!
+//! Every test that builds an engine runs once per executor
+//! ([`on_each_executor`]): the CPU executor, and the GPU executor on CUDA
+//! when the crate is built with `--features cuda` and a driver answers;
+//! otherwise the test prints `SKIP cuda executor: <reason>`.
+//! `ENGINE_TEST_EXECUTORS` (comma-separated `cpu`, `emulated`, `cuda`)
+//! changes the list: the GPU machine's script runs `cuda` only, and
+//! `emulated` (the GPU executor on the host-emulated device) is opt-in
+//! because the emulator runs one OS thread per GPU thread and takes minutes
+//! per test binary; `gpu_emulated.rs` runs a small engine workload on it by
+//! default.
 #![allow(dead_code)]
 
-use engine::executor::CpuExecutor;
+use engine::executor::gpu::{DType, EmuDevice, GpuExecutor, GpuOptions, KvSizing};
+use engine::executor::{CpuExecutor, Executor};
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
 use engine::model::LlamaModel;
 use engine::scheduler::{RequestId, RequestParams, SchedulerConfig};
@@ -11,8 +23,110 @@ use engine::{EngineConfig, LlmEngine, RequestOutput};
 use model_loader::{ModelConfig, ModelWeights};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::OnceLock;
+
+/// An executor the engine tests run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecKind {
+    Cpu,
+    /// `GpuExecutor` on `EmuDevice`, float32.
+    Emulated,
+    /// `GpuExecutor` on CUDA, float32 (bf16 is checked by the golden test).
+    Cuda,
+}
+
+thread_local! {
+    static CURRENT: Cell<ExecKind> = const { Cell::new(ExecKind::Cpu) };
+}
+
+/// Why the CUDA executor cannot run here, or `None` when it can.
+fn cuda_skip_reason() -> Option<String> {
+    engine::executor::select::cuda_unavailable_reason()
+}
+
+/// Prints `msg` once per test binary, straight to stderr: libtest's output
+/// capture covers `println!`/`eprintln!` only, so a skip is never silent.
+fn skip_once(msg: &str) {
+    use std::io::Write;
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        let _ = writeln!(std::io::stderr(), "{msg}");
+    }
+}
+
+/// The executors to run on (see the module docs), printing why CUDA is skipped.
+pub fn executor_kinds() -> Vec<ExecKind> {
+    let wanted = std::env::var("ENGINE_TEST_EXECUTORS").unwrap_or_else(|_| "cpu,cuda".into());
+    let mut kinds = vec![];
+    for name in wanted.split(',').map(str::trim) {
+        match name {
+            "cpu" => kinds.push(ExecKind::Cpu),
+            "emulated" => kinds.push(ExecKind::Emulated),
+            "cuda" => match cuda_skip_reason() {
+                None => kinds.push(ExecKind::Cuda),
+                Some(why) => skip_once(&format!("SKIP cuda executor: {why}")),
+            },
+            other => panic!("ENGINE_TEST_EXECUTORS: unknown executor {other:?}"),
+        }
+    }
+    kinds
+}
+
+/// Runs `body` once per executor; [`engine`] builds on the current one.
+pub fn on_each_executor(body: impl Fn()) {
+    on_executors(&executor_kinds(), body);
+}
+
+/// Runs `body` once on each of `kinds`.
+pub fn on_executors(kinds: &[ExecKind], body: impl Fn()) {
+    for &kind in kinds {
+        CURRENT.with(|c| c.set(kind));
+        println!("-- on the {kind:?} executor");
+        body();
+    }
+    CURRENT.with(|c| c.set(ExecKind::Cpu));
+}
+
+/// The executor the current test iteration runs on.
+pub fn current_executor() -> ExecKind {
+    CURRENT.with(Cell::get)
+}
+
+/// A fresh executor of the current kind over the tiny model.
+pub fn executor(device_blocks: usize, cpu_blocks: usize, block_size: usize) -> Box<dyn Executor> {
+    let (config, weights) = tiny();
+    let model = LlamaModel::new(config.clone(), weights.clone()).expect("tiny model");
+    let opts = GpuOptions {
+        dtype: DType::F32,
+        block_size,
+        kv: KvSizing::Blocks {
+            gpu: device_blocks,
+            cpu: cpu_blocks,
+        },
+    };
+    match current_executor() {
+        ExecKind::Cpu => Box::new(
+            CpuExecutor::new(model, device_blocks, cpu_blocks, block_size).expect("executor"),
+        ),
+        ExecKind::Emulated => {
+            Box::new(GpuExecutor::new(EmuDevice::new(), &model, opts).expect("gpu executor"))
+        }
+        ExecKind::Cuda => cuda_executor(&model, opts),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_executor(model: &LlamaModel, opts: GpuOptions) -> Box<dyn Executor> {
+    let dev = engine::executor::gpu::cuda::CudaDevice::new(0).expect("cuda device");
+    Box::new(GpuExecutor::new(dev, model, opts).expect("cuda executor"))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_executor(_: &LlamaModel, _: GpuOptions) -> Box<dyn Executor> {
+    unreachable!("executor_kinds() offers CUDA only with the cuda feature")
+}
 
 /// The tiny model's config and weights, loaded once per test binary.
 pub fn tiny() -> &'static (ModelConfig, ModelWeights) {
@@ -66,17 +180,9 @@ impl Default for Setup {
     }
 }
 
-/// A real engine: tiny model, paged KV cache, CPU executor.
+/// A real engine: tiny model, paged KV cache, the current executor.
 pub fn engine(setup: &Setup) -> LlmEngine {
-    let (config, weights) = tiny();
-    let model = LlamaModel::new(config.clone(), weights.clone()).expect("tiny model");
-    let exec = CpuExecutor::new(
-        model,
-        setup.device_blocks,
-        setup.cpu_blocks,
-        setup.block_size,
-    )
-    .expect("executor");
+    let exec = executor(setup.device_blocks, setup.cpu_blocks, setup.block_size);
     let mut kv_cfg = PagedKvConfig::new(setup.block_size, setup.device_blocks, setup.cpu_blocks);
     kv_cfg.enable_prefix_caching = setup.prefix_caching;
     kv_cfg.watermark = setup.watermark;
@@ -85,7 +191,7 @@ pub fn engine(setup: &Setup) -> LlmEngine {
         scheduler: setup.sched.clone(),
         eos_token_ids: vec![2],
     };
-    LlmEngine::new(cfg, Box::new(kv), Box::new(exec)).expect("engine")
+    LlmEngine::new(cfg, Box::new(kv), exec).expect("engine")
 }
 
 /// Random prompts of token ids in the tiny vocabulary (no special ids).
