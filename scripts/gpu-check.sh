@@ -23,19 +23,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bundle="$root/target/gpu-check"
 mode=${1:-run}
 
-json_executables() {
-  # Executables of compiler-artifact messages on stdin, one per line.
-  python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])
-'
-}
+# shellcheck source=scripts/lib.sh
+source "$root/scripts/lib.sh"
 
 prepare() {
   cd "$root"

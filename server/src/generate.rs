@@ -111,25 +111,20 @@ impl ChoiceState {
 
     /// Ends a choice whose stream stopped without a finish reason.
     pub fn abort(&mut self, index: usize) -> Option<ChoiceDelta> {
-        if self.is_finished() {
-            return None;
-        }
-        self.finish_reason = Some("abort");
-        Some(ChoiceDelta {
-            index,
-            text: String::new(),
-            tokens: Vec::new(),
-            finish_reason: self.finish_reason,
-            prompt_logprobs: false,
-        })
+        self.finish_empty(index, "abort")
     }
 
     /// Ends a prompt-only choice (`echo` with `max_tokens: 0`).
     fn finish_prompt_only(&mut self, index: usize) -> Option<ChoiceDelta> {
+        self.finish_empty(index, "length")
+    }
+
+    /// Ends an unfinished choice with `reason` and no further text.
+    fn finish_empty(&mut self, index: usize, reason: &'static str) -> Option<ChoiceDelta> {
         if self.is_finished() {
             return None;
         }
-        self.finish_reason = Some("length");
+        self.finish_reason = Some(reason);
         Some(ChoiceDelta {
             index,
             text: String::new(),
