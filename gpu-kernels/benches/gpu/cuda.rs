@@ -15,7 +15,7 @@ use cudarc::driver::{
     DriverError, LaunchConfig as CuLaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
-use gpu_kernels::{KernelSig, LaunchConfig, ParamKind, KERNELS};
+use gpu_kernels::{KernelSig, LaunchConfig, KERNELS};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -56,26 +56,8 @@ impl From<String> for GpuError {
     }
 }
 
-/// A kernel argument, as its PTX `.param` kind.
-#[derive(Clone, Copy, Debug)]
-pub enum Arg {
-    /// A device address.
-    Ptr(u64),
-    /// A `u32` scalar.
-    U32(u32),
-    /// An `f32` scalar.
-    F32(f32),
-}
-
-impl Arg {
-    fn kind(&self) -> ParamKind {
-        match self {
-            Arg::Ptr(_) => ParamKind::Ptr,
-            Arg::U32(_) => ParamKind::U32,
-            Arg::F32(_) => ParamKind::F32,
-        }
-    }
-}
+/// A kernel argument, as its PTX `.param` kind (the library's type).
+pub use gpu_kernels::KernelArg as Arg;
 
 /// A loaded entry point and its signature.
 pub struct Kernel {
@@ -241,26 +223,20 @@ impl Gpu {
 
 /// Checks an argument list against a signature: same length, names and kinds in order.
 pub fn check_args(sig: &KernelSig, args: &[(&str, Arg)]) -> Result<(), GpuError> {
-    if sig.params.len() != args.len() {
-        return Err(GpuError::Signature(format!(
-            "{}: {} arguments, the entry point takes {}",
-            sig.name,
-            args.len(),
-            sig.params.len()
-        )));
+    let values: Vec<Arg> = args.iter().map(|(_, a)| *a).collect();
+    gpu_kernels::check_args(sig, &values).map_err(|e| GpuError::Signature(e.to_string()))?;
+    match sig
+        .params
+        .iter()
+        .zip(args)
+        .position(|(p, (name, _))| p.name != *name)
+    {
+        Some(i) => Err(GpuError::Signature(format!(
+            "{}: argument {i} is named {}, the entry point's is {}",
+            sig.name, args[i].0, sig.params[i].name
+        ))),
+        None => Ok(()),
     }
-    for (i, (p, (name, a))) in sig.params.iter().zip(args).enumerate() {
-        if p.name != *name || p.kind != a.kind() {
-            return Err(GpuError::Signature(format!(
-                "{}: argument {i} is {name}: {:?}, the entry point takes {}: {:?}",
-                sig.name,
-                a.kind(),
-                p.name,
-                p.kind
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// GB/s (10^9 bytes per second) of `bytes` moved in `ms` milliseconds.
