@@ -291,6 +291,7 @@ async fn stream_task(meta: ResponseMeta, mut g: Generation, tx: tokio::sync::mps
         }
     }
     let mut offsets = vec![0usize; g.choices.len()];
+    let mut echo_pending = vec![response::echo_waits_for_output(&g); g.choices.len()];
     loop {
         let item = tokio::select! {
             item = g.next() => item,
@@ -300,8 +301,16 @@ async fn stream_task(meta: ResponseMeta, mut g: Generation, tx: tokio::sync::mps
             None => break,
             Some(Ok(deltas)) => {
                 for d in deltas {
-                    let c = response::delta_chunk(&meta, &g, &d, offsets[d.index]);
-                    offsets[d.index] += d.text.len();
+                    let c = if echo_pending[d.index] {
+                        echo_pending[d.index] = false;
+                        let (c, len) = response::echo_and_delta_chunk(&meta, &g, &d);
+                        offsets[d.index] = len;
+                        c
+                    } else {
+                        let c = response::delta_chunk(&meta, &g, &d, offsets[d.index]);
+                        offsets[d.index] += d.text.len();
+                        c
+                    };
                     if tx.send(response::sse(&c)).await.is_err() {
                         return;
                     }

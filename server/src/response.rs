@@ -13,9 +13,10 @@
 //! chat on the response object, as vLLM does. Streaming: on the first chunk
 //! of each choice that carries generated text (top level for chat).
 //! Completions with `echo` and `logprobs` also fill the prompt part of the
-//! legacy `logprobs` (first token's logprob and alternatives `null`) in the
-//! full response; a stream's echo chunk is sent before the prompt has run,
-//! so there the prompt's values are only in `prompt_logprobs`.
+//! legacy `logprobs` (first token's logprob and alternatives `null`). In a
+//! stream the echoed prompt then waits for the prompt's values: it goes out
+//! with the choice's first generated text in one chunk (as vLLM does)
+//! instead of in an opening chunk.
 
 use crate::backend::{PromptLogprobs, TokenOut};
 use crate::generate::{ChoiceDelta, Generation};
@@ -256,9 +257,19 @@ fn chunk(meta: &ResponseMeta, choices: Vec<Value>, usage: Value) -> Value {
     })
 }
 
+/// Whether a stream's echo waits for the first generated text (completions
+/// with `echo` and `logprobs`: the prompt's logprobs come with it).
+pub fn echo_waits_for_output(g: &Generation) -> bool {
+    g.req.endpoint == Endpoint::Completions && g.req.echo && g.req.params.logprobs.is_some()
+}
+
 /// The first chunk of each choice: the chat role, or the echoed prompt.
-/// `None` when nothing needs saying.
+/// `None` when nothing needs saying (or the echo waits, see
+/// [`echo_waits_for_output`]).
 pub fn opening_chunk(meta: &ResponseMeta, g: &Generation, index: usize) -> Option<Value> {
+    if echo_waits_for_output(g) {
+        return None;
+    }
     let prompt = prompt_of(g, index);
     let echo_text = if g.req.echo { prompt.text.as_str() } else { "" };
     let mut c = match meta.endpoint {
@@ -314,6 +325,25 @@ pub fn delta_chunk(meta: &ResponseMeta, g: &Generation, d: &ChoiceDelta, offset:
         }
         (_, None) => chunk(meta, vec![c], Value::Null),
     }
+}
+
+/// A choice's first delta when its echo waited for it: the prompt's text,
+/// token ids and legacy logprobs followed by the delta's. Returns the chunk
+/// and the choice's text length after it (for later `text_offset`s).
+pub fn echo_and_delta_chunk(
+    meta: &ResponseMeta,
+    g: &Generation,
+    d: &ChoiceDelta,
+) -> (Value, usize) {
+    let prompt = prompt_of(g, d.index);
+    let mut v = delta_chunk(meta, g, d, prompt.text.len());
+    let c = &mut v["choices"][0];
+    c["text"] = json!(format!("{}{}", prompt.text, d.text));
+    c["logprobs"] = choice_logprobs(g, d.index, &d.tokens, prompt.text.len());
+    if g.req.return_token_ids {
+        c["prompt_token_ids"] = json!(prompt.token_ids);
+    }
+    (v, prompt.text.len() + d.text.len())
 }
 
 /// The final usage chunk (`stream_options.include_usage`).

@@ -297,3 +297,42 @@ fn bad_prompt_logprobs_and_early_stopping_are_400_with_the_parameter() {
         }
     }
 }
+
+/// A stream with `echo` and `logprobs` carries the same text and legacy
+/// logprobs, prompt part included, as the full response.
+#[test]
+fn streamed_echo_with_logprobs_matches_the_full_response() {
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 3, "temperature": 0,
+        "echo": true, "logprobs": 1, "ignore_eos": true});
+    let full = ok("/v1/completions", &body);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = post(server().addr, "/v1/completions", &streamed);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (mut text, mut lps, mut offsets) = (String::new(), Vec::new(), Vec::new());
+    for e in r.sse_events().iter().filter(|e| e.as_str() != "[DONE]") {
+        let v: Value = serde_json::from_str(e).expect("chunk json");
+        for c in v["choices"].as_array().expect("choices") {
+            text.push_str(c["text"].as_str().unwrap_or(""));
+            if let Some(a) = c["logprobs"]["token_logprobs"].as_array() {
+                lps.extend(a.iter().cloned());
+            }
+            if let Some(a) = c["logprobs"]["text_offset"].as_array() {
+                offsets.extend(a.iter().cloned());
+            }
+        }
+    }
+    let fc = &full["choices"][0];
+    assert_eq!(Some(text.as_str()), fc["text"].as_str());
+    let want = fc["logprobs"]["token_logprobs"].as_array().expect("lps");
+    assert_eq!(lps.len(), want.len(), "streamed {lps:?}");
+    assert!(lps[0].is_null() && want[0].is_null());
+    for (i, (a, b)) in lps.iter().zip(want).enumerate().skip(1) {
+        let (a, b) = (a.as_f64().expect("lp"), b.as_f64().expect("lp"));
+        assert!((a - b).abs() < TOL, "token {i}: streamed {a} vs {b}");
+    }
+    assert_eq!(
+        &offsets,
+        fc["logprobs"]["text_offset"].as_array().expect("offsets")
+    );
+}
