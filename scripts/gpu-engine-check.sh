@@ -38,7 +38,8 @@ prepare() {
   cargo test --release -p engine --features cuda --tests --no-run --message-format=json |
     json_executables | while read -r exe; do
       name=$(basename "$exe" | sed 's/-[0-9a-f]*$//')
-      case "$name" in engine) continue ;; esac   # unit tests: emulator-only, run here
+      # Unit tests and the executor-free / emulator-only binaries stay here.
+      case "$name" in engine|sampling_stats|scheduler_props|gpu_emulated) continue ;; esac
       cp "$exe" "$bundle/bin/engine-test-$name"
     done
   cargo test --release -p integration-tests --features cuda --test golden_gpu --no-run \
@@ -52,7 +53,12 @@ prepare() {
   gzip -c "${PAGED_ENGINE_CACHE:-$HOME/.cache/paged-engine}/datasets/sharegpt-SmolLM2-135M-Instruct.Q4_1.jsonl" \
     >"$bundle/cache/datasets/sharegpt-SmolLM2-135M-Instruct.Q4_1.jsonl.gz"
   strip "$bundle"/bin/* 2>/dev/null || true
-  du -sh "$bundle"; ls -l "$bundle/bin"
+  ls -l "$bundle/bin"
+  # The binaries are ~80 MB stripped (each links tokenizers, gemm, ...), over the
+  # device tool's 64 MiB carry; they share most bytes, so one xz archive is ~12 MB.
+  tar -C "$bundle" -cJf "$bundle/bin.tar.xz" bin
+  rm -rf "$bundle/bin"
+  du -sh "$bundle"
 }
 
 find_model() {
@@ -67,11 +73,16 @@ find_model() {
 run() {
   local out=${OUT:-$bundle/out} status=0
   mkdir -p "$out"
+  bins="$bundle/bin"
+  if [ ! -d "$bins" ]; then
+    bins=$(mktemp -d)/bin
+    tar -C "$(dirname "$bins")" -xJf "$bundle/bin.tar.xz"
+  fi
   export PAGED_ENGINE_PTX_DIR="$bundle/ptx" ENGINE_TEST_EXECUTORS=cuda
   { nvidia-smi -L || echo "nvidia-smi unavailable"; } 2>&1 | tee "$out/device.txt"
   (
     cd "$root/engine"
-    for t in "$bundle"/bin/engine-test-*; do echo "== $(basename "$t")"; "$t" --nocapture || exit 1; done
+    for t in "$bins"/engine-test-*; do echo "== $(basename "$t")"; "$t" --nocapture || exit 1; done
   ) >"$out/engine-tests.log" 2>&1 || status=1
   grep -E "SKIP|test result|FAILED|panicked" "$out/engine-tests.log" | head -60
   local model; model=$(find_model)
@@ -81,7 +92,8 @@ run() {
     return $status
   fi
   echo "model: $model" | tee "$out/model.txt"
-  (cd "$root/tests" && PAGED_ENGINE_MODEL="$model" "$bundle/bin/golden-gpu" --nocapture) \
+  (cd "$root/tests" && PAGED_ENGINE_MODEL="$model" PAGED_ENGINE_FIXTURES="$root/tests/fixtures" \
+    "$bins/golden-gpu" smollm2_bf16_on_cuda --nocapture) \
     >"$out/golden-gpu.log" 2>&1 || status=1
   tail -n 30 "$out/golden-gpu.log"
   throughput "$model" "$out" || status=1
@@ -91,12 +103,12 @@ run() {
 throughput() {
   local model=$1 out=$2
   gunzip -kf "$bundle/cache/datasets/"*.jsonl.gz
-  "$bundle/bin/server" --model "$model" --device cuda --port 8011 --max-num-seqs 256 \
+  "$bins/server" --model "$model" --device cuda --port 8011 --max-num-seqs 256 \
     --served-model-name SmolLM2-135M-Instruct.Q4_1 \
     >"$out/server.log" 2>&1 &
   local pid=$!
   for _ in $(seq 120); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 1; done
-  PAGED_ENGINE_CACHE="$bundle/cache" "$bundle/bin/xtask" bench-serve --base-url http://127.0.0.1:8011 --dataset sharegpt \
+  PAGED_ENGINE_CACHE="$bundle/cache" "$bins/xtask" bench-serve --base-url http://127.0.0.1:8011 --dataset sharegpt \
     --num-prompts 256 --request-rate inf --max-concurrency 256 --label ours-h200 \
     --out "$out/bench-ours.json" 2>&1 | tee "$out/bench-ours.log" || true
   kill "$pid" 2>/dev/null || true

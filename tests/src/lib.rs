@@ -35,11 +35,15 @@ pub struct Golden {
     pub tokenizer: Vec<TokenizerCase>,
 }
 
-/// Path of a committed fixture.
+/// Path of a committed fixture (in `$PAGED_ENGINE_FIXTURES` when set, for
+/// test binaries run away from their checkout, as on a GPU machine).
 pub fn fixture_path(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join(name)
+    match std::env::var_os("PAGED_ENGINE_FIXTURES") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures")
+            .join(name),
+    }
 }
 
 /// Reads and parses a golden fixture.
