@@ -63,6 +63,8 @@ prepare() {
 
 find_model() {
   if [ -n "${SMOLLM2_DIR:-}" ] && [ -f "$SMOLLM2_DIR/config.json" ]; then echo "$SMOLLM2_DIR"; return; fi
+  local gguf=${PAGED_ENGINE_CACHE:-$HOME/.cache/paged-engine}/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  if [ -f "$gguf" ]; then echo "$gguf"; return; fi
   local hub=${HF_HOME:-$HOME/.cache/huggingface}/hub/models--HuggingFaceTB--SmolLM2-135M-Instruct/snapshots
   if [ -d "$hub" ]; then
     for d in "$hub"/*; do [ -f "$d/config.json" ] && { echo "$d"; return; }; done
