@@ -39,102 +39,6 @@ pub struct StreamOptions {
     pub continuous_usage_stats: Option<bool>,
 }
 
-/// Fields shared by both endpoints (flattening does not mix with
-/// `deny_unknown_fields`, so each request lists them; this is what
-/// validation reads).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CommonParams {
-    pub max_tokens: Option<i64>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
-    pub n: Option<i64>,
-    pub best_of: Option<i64>,
-    pub stop: Option<StopInput>,
-    pub stream: Option<bool>,
-    pub stream_options: Option<StreamOptions>,
-    pub seed: Option<i64>,
-    pub presence_penalty: Option<f64>,
-    pub frequency_penalty: Option<f64>,
-    pub logit_bias: Option<HashMap<String, f64>>,
-    pub ignore_eos: Option<bool>,
-    pub min_tokens: Option<i64>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f64>,
-    pub repetition_penalty: Option<f64>,
-    pub stop_token_ids: Option<Vec<i64>>,
-    pub return_token_ids: Option<bool>,
-    pub use_beam_search: Option<bool>,
-    pub length_penalty: Option<f64>,
-    /// vLLM's extra parameter: top-k per prompt token (0..=20).
-    pub prompt_logprobs: Option<i64>,
-    /// vLLM's beam-search `early_stopping`: any JSON value here, so that a
-    /// non-boolean is a 400 naming the parameter (see validation).
-    pub early_stopping: Option<serde_json::Value>,
-}
-
-/// `POST /v1/completions`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct CompletionRequest {
-    #[serde(default)]
-    pub model: Option<String>,
-    pub prompt: PromptInput,
-    #[serde(default)]
-    pub suffix: Option<String>,
-    #[serde(default)]
-    pub echo: Option<bool>,
-    #[serde(default)]
-    pub logprobs: Option<i64>,
-    #[serde(default)]
-    pub user: Option<String>,
-    #[serde(default)]
-    pub max_tokens: Option<i64>,
-    #[serde(default)]
-    pub temperature: Option<f64>,
-    #[serde(default)]
-    pub top_p: Option<f64>,
-    #[serde(default)]
-    pub n: Option<i64>,
-    #[serde(default)]
-    pub best_of: Option<i64>,
-    #[serde(default)]
-    pub stop: Option<StopInput>,
-    #[serde(default)]
-    pub stream: Option<bool>,
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    pub seed: Option<i64>,
-    #[serde(default)]
-    pub presence_penalty: Option<f64>,
-    #[serde(default)]
-    pub frequency_penalty: Option<f64>,
-    #[serde(default)]
-    pub logit_bias: Option<HashMap<String, f64>>,
-    #[serde(default)]
-    pub ignore_eos: Option<bool>,
-    #[serde(default)]
-    pub min_tokens: Option<i64>,
-    #[serde(default)]
-    pub top_k: Option<i64>,
-    #[serde(default)]
-    pub min_p: Option<f64>,
-    #[serde(default)]
-    pub repetition_penalty: Option<f64>,
-    #[serde(default)]
-    pub stop_token_ids: Option<Vec<i64>>,
-    #[serde(default)]
-    pub return_token_ids: Option<bool>,
-    #[serde(default)]
-    pub use_beam_search: Option<bool>,
-    #[serde(default)]
-    pub length_penalty: Option<f64>,
-    #[serde(default)]
-    pub prompt_logprobs: Option<i64>,
-    #[serde(default)]
-    pub early_stopping: Option<serde_json::Value>,
-}
-
 /// A chat message's `content`: a string or a list of parts.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(untagged)]
@@ -162,114 +66,112 @@ pub struct ChatMessageIn {
     pub name: Option<String>,
 }
 
-/// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ChatRequest {
-    #[serde(default)]
-    pub model: Option<String>,
-    pub messages: Vec<ChatMessageIn>,
-    #[serde(default)]
-    pub logprobs: Option<bool>,
-    #[serde(default)]
-    pub top_logprobs: Option<i64>,
-    #[serde(default)]
-    pub max_completion_tokens: Option<i64>,
-    #[serde(default)]
-    pub add_generation_prompt: Option<bool>,
-    #[serde(default)]
-    pub user: Option<String>,
-    #[serde(default)]
-    pub max_tokens: Option<i64>,
-    #[serde(default)]
-    pub temperature: Option<f64>,
-    #[serde(default)]
-    pub top_p: Option<f64>,
-    #[serde(default)]
-    pub n: Option<i64>,
-    #[serde(default)]
-    pub best_of: Option<i64>,
-    #[serde(default)]
-    pub stop: Option<StopInput>,
-    #[serde(default)]
-    pub stream: Option<bool>,
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    pub seed: Option<i64>,
-    #[serde(default)]
-    pub presence_penalty: Option<f64>,
-    #[serde(default)]
-    pub frequency_penalty: Option<f64>,
-    #[serde(default)]
-    pub logit_bias: Option<HashMap<String, f64>>,
-    #[serde(default)]
-    pub ignore_eos: Option<bool>,
-    #[serde(default)]
-    pub min_tokens: Option<i64>,
-    #[serde(default)]
-    pub top_k: Option<i64>,
-    #[serde(default)]
-    pub min_p: Option<f64>,
-    #[serde(default)]
-    pub repetition_penalty: Option<f64>,
-    #[serde(default)]
-    pub stop_token_ids: Option<Vec<i64>>,
-    #[serde(default)]
-    pub return_token_ids: Option<bool>,
-    #[serde(default)]
-    pub use_beam_search: Option<bool>,
-    #[serde(default)]
-    pub length_penalty: Option<f64>,
-    #[serde(default)]
-    pub prompt_logprobs: Option<i64>,
-    #[serde(default)]
-    pub early_stopping: Option<serde_json::Value>,
-}
+/// Declares [`CommonParams`] and both request types from one list of the
+/// fields the endpoints share, and `common()` to copy them out. serde's
+/// `flatten` does not combine with `deny_unknown_fields`, so the shared
+/// fields are spelled once here and expanded into each request.
+macro_rules! requests_with_shared_fields {
+    ($($(#[$doc:meta])* $f:ident: $t:ty,)*) => {
+        /// Fields shared by both endpoints: what validation reads.
+        #[derive(Debug, Clone, Default, PartialEq)]
+        pub struct CommonParams {
+            /// `max_tokens` (chat: `max_completion_tokens` first).
+            pub max_tokens: Option<i64>,
+            $($(#[$doc])* pub $f: $t,)*
+        }
 
-macro_rules! common_of {
-    ($r:expr, $max_tokens:expr) => {
-        CommonParams {
-            max_tokens: $max_tokens,
-            temperature: $r.temperature,
-            top_p: $r.top_p,
-            n: $r.n,
-            best_of: $r.best_of,
-            stop: $r.stop.clone(),
-            stream: $r.stream,
-            stream_options: $r.stream_options.clone(),
-            seed: $r.seed,
-            presence_penalty: $r.presence_penalty,
-            frequency_penalty: $r.frequency_penalty,
-            logit_bias: $r.logit_bias.clone(),
-            ignore_eos: $r.ignore_eos,
-            min_tokens: $r.min_tokens,
-            top_k: $r.top_k,
-            min_p: $r.min_p,
-            repetition_penalty: $r.repetition_penalty,
-            stop_token_ids: $r.stop_token_ids.clone(),
-            return_token_ids: $r.return_token_ids,
-            use_beam_search: $r.use_beam_search,
-            length_penalty: $r.length_penalty,
-            prompt_logprobs: $r.prompt_logprobs,
-            early_stopping: $r.early_stopping.clone(),
+        /// `POST /v1/completions`.
+        #[derive(Debug, Clone, Deserialize, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        pub struct CompletionRequest {
+            #[serde(default)]
+            pub model: Option<String>,
+            pub prompt: PromptInput,
+            #[serde(default)]
+            pub suffix: Option<String>,
+            #[serde(default)]
+            pub echo: Option<bool>,
+            #[serde(default)]
+            pub logprobs: Option<i64>,
+            #[serde(default)]
+            pub user: Option<String>,
+            #[serde(default)]
+            pub max_tokens: Option<i64>,
+            $($(#[$doc])* #[serde(default)] pub $f: $t,)*
+        }
+
+        /// `POST /v1/chat/completions`.
+        #[derive(Debug, Clone, Deserialize, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        pub struct ChatRequest {
+            #[serde(default)]
+            pub model: Option<String>,
+            pub messages: Vec<ChatMessageIn>,
+            #[serde(default)]
+            pub logprobs: Option<bool>,
+            #[serde(default)]
+            pub top_logprobs: Option<i64>,
+            #[serde(default)]
+            pub max_completion_tokens: Option<i64>,
+            #[serde(default)]
+            pub add_generation_prompt: Option<bool>,
+            #[serde(default)]
+            pub user: Option<String>,
+            #[serde(default)]
+            pub max_tokens: Option<i64>,
+            $($(#[$doc])* #[serde(default)] pub $f: $t,)*
+        }
+
+        impl CompletionRequest {
+            /// The shared parameters.
+            pub fn common(&self) -> CommonParams {
+                CommonParams { max_tokens: self.max_tokens, $($f: copied(&self.$f),)* }
+            }
+        }
+
+        impl ChatRequest {
+            /// The shared parameters (`max_completion_tokens` wins over the
+            /// deprecated `max_tokens`).
+            pub fn common(&self) -> CommonParams {
+                CommonParams {
+                    max_tokens: self.max_completion_tokens.or(self.max_tokens),
+                    $($f: copied(&self.$f),)*
+                }
+            }
         }
     };
 }
 
-impl CompletionRequest {
-    /// The shared parameters.
-    pub fn common(&self) -> CommonParams {
-        common_of!(self, self.max_tokens)
-    }
+fn copied<T: Clone>(v: &T) -> T {
+    v.clone()
 }
 
-impl ChatRequest {
-    /// The shared parameters (`max_completion_tokens` wins over the
-    /// deprecated `max_tokens`).
-    pub fn common(&self) -> CommonParams {
-        common_of!(self, self.max_completion_tokens.or(self.max_tokens))
-    }
+requests_with_shared_fields! {
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    n: Option<i64>,
+    best_of: Option<i64>,
+    stop: Option<StopInput>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    seed: Option<i64>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    logit_bias: Option<HashMap<String, f64>>,
+    ignore_eos: Option<bool>,
+    min_tokens: Option<i64>,
+    top_k: Option<i64>,
+    min_p: Option<f64>,
+    repetition_penalty: Option<f64>,
+    stop_token_ids: Option<Vec<i64>>,
+    return_token_ids: Option<bool>,
+    use_beam_search: Option<bool>,
+    length_penalty: Option<f64>,
+    /// vLLM's extra parameter: top-k per prompt token (0..=20).
+    prompt_logprobs: Option<i64>,
+    /// vLLM's beam-search `early_stopping`: any JSON value here, so that a
+    /// non-boolean is a 400 naming the parameter (see validation).
+    early_stopping: Option<serde_json::Value>,
 }
 
 #[cfg(test)]
