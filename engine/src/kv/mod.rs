@@ -138,6 +138,19 @@ pub trait KvCacheManager: Send {
     /// appended; the caller appends the rest.
     fn allocate(&mut self, seq: SeqId, prompt: &[u32], hint: LengthHint) -> Result<usize, KvError>;
 
+    /// [`Self::allocate`] without reusing any cached prefix (returns 0): for
+    /// requests that need every prompt position computed (prompt logprobs).
+    /// The default suits managers without a prefix cache; a manager with one
+    /// must skip its lookup here.
+    fn allocate_uncached(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        hint: LengthHint,
+    ) -> Result<usize, KvError> {
+        self.allocate(seq, prompt, hint)
+    }
+
     /// Number of free accelerator blocks `append_slots(seq, n tokens)` would
     /// consume (new blocks and copy-on-write copies), so the scheduler can
     /// budget a step before committing it.

@@ -198,13 +198,28 @@ impl PagedKvCacheManager {
         prompt: &[u32],
         extra: Option<u64>,
     ) -> Result<usize, KvError> {
+        self.register(seq, prompt, extra, true)
+    }
+
+    /// Registers `seq`, taking the cached prefix of `prompt` when `use_cache`.
+    fn register(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        extra: Option<u64>,
+        use_cache: bool,
+    ) -> Result<usize, KvError> {
         if self.seqs.contains_key(&seq) {
             return Err(KvError::DuplicateSequence(seq));
         }
         let bs = self.cfg.block_size;
         let max_blocks = prompt.len().saturating_sub(1) / bs;
-        let hits = self.dev.cache.lookup(prompt, extra, max_blocks);
-        if self.dev.cache.enabled() {
+        let hits = if use_cache {
+            self.dev.cache.lookup(prompt, extra, max_blocks)
+        } else {
+            Vec::new()
+        };
+        if use_cache && self.dev.cache.enabled() {
             let counters = &mut self.dev.cache.counters;
             counters.queries += prompt.len() as u64;
             counters.hits += (hits.len() * bs) as u64;
@@ -363,6 +378,15 @@ impl KvCacheManager for PagedKvCacheManager {
         _hint: LengthHint,
     ) -> Result<usize, KvError> {
         self.allocate_with_extra_key(seq, prompt, None)
+    }
+
+    fn allocate_uncached(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        _hint: LengthHint,
+    ) -> Result<usize, KvError> {
+        self.register(seq, prompt, None, false)
     }
 
     fn blocks_needed_to_append(&self, seq: SeqId, num_tokens: usize) -> Result<usize, KvError> {

@@ -181,6 +181,8 @@ impl Scheduler {
             return Ok(true);
         };
         let mut cached = 0;
+        // A group collecting prompt logprobs computes every prompt position:
+        // cached positions would never be scored (vLLM skips the cache too).
         let uncached = group.next_prompt_logprob().is_some();
         for i in 0..group.seqs.len() {
             let seq = &mut group.seqs[i];
@@ -188,7 +190,7 @@ impl Scheduler {
                 continue;
             }
             let allocated = if uncached {
-                allocate_uncached(kv, seq.id, &seq.tokens, hint)
+                kv.allocate_uncached(seq.id, &seq.tokens, hint)
             } else {
                 kv.allocate(seq.id, &seq.tokens, hint)
             };
@@ -318,36 +320,6 @@ impl Scheduler {
         if self.abort(kv, key.id).is_some() {
             self.stats.refused += 1;
             step.out.refused.push((key.id, error));
-        }
-    }
-}
-
-/// Allocates a sequence that must compute its whole prompt (it collects
-/// prompt logprobs, and a token served from the prefix cache is never
-/// computed; vLLM skips the cache for such requests too). When the normal
-/// allocation found cached blocks, they are released and the sequence is
-/// registered again with its first token only: by the trait's contract a
-/// one-token prompt has no cached prefix (at least one token is always left
-/// to compute), and every token is then appended by the scheduler. The
-/// prefix-cache counters see that first lookup.
-fn allocate_uncached(
-    kv: &mut dyn KvCacheManager,
-    seq: crate::kv::SeqId,
-    tokens: &[u32],
-    hint: LengthHint,
-) -> Result<usize, KvError> {
-    let cached = kv.allocate(seq, tokens, hint)?;
-    if cached == 0 {
-        return Ok(0);
-    }
-    kv.free(seq);
-    match kv.allocate(seq, &tokens[..1], hint)? {
-        0 => Ok(0),
-        _ => {
-            kv.free(seq);
-            Err(KvError::InvalidConfig(
-                "the KV cache reused a prefix of a one-token prompt".into(),
-            ))
         }
     }
 }
