@@ -9,12 +9,25 @@
 //! Invariant: the returned attn_q/attn_k rows are in HF order (llama.cpp's
 //! permutation undone, for `llama` only: llama.cpp does not permute qwen2).
 //! Dequantization runs on up to `available_parallelism` scoped threads,
-//! O(total elements).
+//! O(total elements). Under [`WeightTypes::File`] the large block-quantized
+//! matrices are copied as they are (rows permuted as whole blocks).
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{LoaderError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::weights::{LayerWeights, ModelWeights, Tensor};
+use crate::quant::QuantType;
+use crate::weights::{LayerWeights, ModelWeights, QuantTensor, Tensor, Weight};
+
+/// How the large matrices are kept at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightTypes {
+    /// Block-quantized matrices stay in the file's type (F16/BF16 and F32
+    /// become f32); norms and biases are f32.
+    #[default]
+    File,
+    /// Everything dequantized to f32.
+    F32,
+}
 
 /// Reads the hyper-parameters from the metadata.
 pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
@@ -74,9 +87,15 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
 /// Inverse of llama.cpp's Q/K row permutation on a `[rows, cols]` matrix:
 /// `w.reshape(n_head, head_dim/2, 2, cols).swapaxes(1, 2).reshape(rows, cols)`.
 pub fn unpermute_qk(w: &[f32], n_head: usize, rows: usize, cols: usize) -> Vec<f32> {
+    unpermute_rows(w, n_head, rows, cols)
+}
+
+/// [`unpermute_qk`] on rows of any element type (`cols` elements per row:
+/// f32 values or the bytes of a quantized row).
+fn unpermute_rows<T: Copy + Default>(w: &[T], n_head: usize, rows: usize, cols: usize) -> Vec<T> {
     let hd = rows / n_head;
     let half = hd / 2;
-    let mut out = vec![0f32; w.len()];
+    let mut out = vec![T::default(); w.len()];
     for h in 0..n_head {
         for i in 0..2 {
             for j in 0..half {
@@ -101,10 +120,21 @@ struct Job<'a> {
     info: &'a TensorInfo,
     shape: Vec<usize>,
     post: Post,
+    /// May stay quantized (a large matrix, under [`WeightTypes::File`]).
+    keep: bool,
 }
 
 /// Reads every weight, dequantized to f32 and in HF layout.
 pub fn weights_from_gguf(g: &GgufFile, c: &ModelConfig) -> Result<ModelWeights> {
+    Ok(weights_from_gguf_as(g, c, WeightTypes::F32)?.map(Weight::into_f32))
+}
+
+/// Reads every weight in HF layout, the large matrices kept as `types` says.
+pub fn weights_from_gguf_as(
+    g: &GgufFile,
+    c: &ModelConfig,
+    types: WeightTypes,
+) -> Result<ModelWeights<Weight>> {
     let permute = c.architecture == Architecture::Llama;
     let (h, q, kv, ff) = (
         c.hidden_size,
@@ -172,7 +202,13 @@ pub fn weights_from_gguf(g: &GgufFile, c: &ModelConfig) -> Result<ModelWeights> 
                     found: info.shape(),
                 });
             }
-            Ok(Job { info, shape, post })
+            let keep = types == WeightTypes::File && shape.len() == 2;
+            Ok(Job {
+                info,
+                shape,
+                post,
+                keep,
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     let mut tensors = read_parallel(g, &jobs)?.into_iter();
@@ -181,8 +217,9 @@ pub fn weights_from_gguf(g: &GgufFile, c: &ModelConfig) -> Result<ModelWeights> 
             .next()
             .ok_or_else(|| LoaderError::Malformed("tensor count".into()))
     };
+    let f32 = |w: Weight| w.into_f32();
     let token_embedding = next()?;
-    let final_norm = next()?;
+    let final_norm = f32(next()?);
     let lm_head = if c.tie_word_embeddings {
         None
     } else {
@@ -190,10 +227,10 @@ pub fn weights_from_gguf(g: &GgufFile, c: &ModelConfig) -> Result<ModelWeights> 
     };
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
     for _ in 0..c.num_hidden_layers {
-        let (attn_norm, wq, wk, wv, wo) = (next()?, next()?, next()?, next()?, next()?);
-        let (ffn_norm, w_gate, w_up, w_down) = (next()?, next()?, next()?, next()?);
+        let (attn_norm, wq, wk, wv, wo) = (f32(next()?), next()?, next()?, next()?, next()?);
+        let (ffn_norm, w_gate, w_up, w_down) = (f32(next()?), next()?, next()?, next()?);
         let (bq, bk, bv) = if c.attention_bias {
-            (Some(next()?), Some(next()?), Some(next()?))
+            (Some(f32(next()?)), Some(f32(next()?)), Some(f32(next()?)))
         } else {
             (None, None, None)
         };
@@ -220,27 +257,50 @@ pub fn weights_from_gguf(g: &GgufFile, c: &ModelConfig) -> Result<ModelWeights> 
     })
 }
 
-fn run_job(g: &GgufFile, job: &Job<'_>) -> Result<Tensor> {
-    let data = g.read_f32(job.info)?;
-    let data = match job.post {
-        Post::None => data,
+/// Applies `job.post` to rows of `cols` items.
+fn post<T: Copy + Default>(job: &Job<'_>, data: Vec<T>, cols: usize) -> Result<Vec<T>> {
+    match job.post {
+        Post::None => Ok(data),
         Post::Unpermute(n_head) => {
-            let (rows, cols) = (job.shape[0], job.shape[1]);
-            if n_head == 0 || rows % n_head != 0 || (rows / n_head) % 2 != 0 {
+            let rows = job.shape[0];
+            if n_head == 0 || !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
                 return Err(LoaderError::ShapeMismatch {
                     tensor: job.info.name.clone(),
-                    expected: vec![n_head, rows / n_head.max(1), cols],
+                    expected: vec![n_head, rows / n_head.max(1), job.shape[1]],
                     found: job.shape.clone(),
                 });
             }
-            unpermute_qk(&data, n_head, rows, cols)
+            Ok(unpermute_rows(&data, n_head, rows, cols))
         }
-    };
-    Ok(Tensor::new(job.shape.clone(), data))
+    }
+}
+
+fn run_job(g: &GgufFile, job: &Job<'_>) -> Result<Weight> {
+    let name = &job.info.name;
+    match QuantType::from_ggml(job.info.ty).filter(|_| job.keep) {
+        Some(ty) => {
+            let bytes = g.tensor_bytes(job.info)?.to_vec();
+            let row_bytes = ty
+                .bytes_for(job.shape[1])
+                .map_err(|e| LoaderError::Malformed(format!("tensor {name}: {e}")))?;
+            let bytes = post(job, bytes, row_bytes)?;
+            Ok(Weight::Quantized(QuantTensor::new(
+                ty,
+                job.shape.clone(),
+                bytes,
+                name,
+            )?))
+        }
+        None => {
+            let cols = job.shape.last().copied().unwrap_or(1);
+            let data = post(job, g.read_f32(job.info)?, cols)?;
+            Ok(Weight::F32(Tensor::new(job.shape.clone(), data)))
+        }
+    }
 }
 
 /// Runs the jobs on scoped threads, balancing by element count; results in job order.
-fn read_parallel(g: &GgufFile, jobs: &[Job<'_>]) -> Result<Vec<Tensor>> {
+fn read_parallel(g: &GgufFile, jobs: &[Job<'_>]) -> Result<Vec<Weight>> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(8);
@@ -254,7 +314,7 @@ fn read_parallel(g: &GgufFile, jobs: &[Job<'_>]) -> Result<Vec<Tensor>> {
             b.1.push(i);
         }
     }
-    let mut results: Vec<Option<Result<Tensor>>> = (0..jobs.len()).map(|_| None).collect();
+    let mut results: Vec<Option<Result<Weight>>> = (0..jobs.len()).map(|_| None).collect();
     std::thread::scope(|s| {
         let handles: Vec<_> = buckets
             .iter()

@@ -26,8 +26,10 @@ use std::path::Path;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::LoaderError;
+pub use gguf_model::WeightTypes;
+pub use quant::QuantType;
 pub use tokenizer::Tokenizer;
-pub use weights::{LayerWeights, ModelWeights, Tensor};
+pub use weights::{LayerWeights, ModelWeights, QuantTensor, Tensor, Weight};
 
 /// Which on-disk layout a model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,11 +38,11 @@ pub enum ModelFormat {
     HfDir,
 }
 
-/// A fully loaded model.
+/// A fully loaded model (f32 matrices by default; see [`load_model_with`]).
 #[derive(Debug)]
-pub struct LoadedModel {
+pub struct LoadedModel<W = Tensor> {
     pub config: ModelConfig,
-    pub weights: ModelWeights,
+    pub weights: ModelWeights<W>,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
     pub format: ModelFormat,
@@ -88,6 +90,23 @@ fn gguf_template(g: &gguf::GgufFile, tok: &Tokenizer) -> Result<Option<ChatTempl
 /// Loads a `.gguf` file or an HF model directory (config.json, safetensors,
 /// tokenizer.json): config, f32 weights, tokenizer and chat template.
 pub fn load_model(path: &Path) -> Result<LoadedModel, LoaderError> {
+    let m = load_model_with(path, WeightTypes::F32)?;
+    Ok(LoadedModel {
+        config: m.config,
+        weights: m.weights.map(Weight::into_f32),
+        tokenizer: m.tokenizer,
+        chat_template: m.chat_template,
+        format: m.format,
+    })
+}
+
+/// Like [`load_model`], the large matrices kept as `types` says (a GGUF's
+/// block-quantized matrices stay quantized under [`WeightTypes::File`]; HF
+/// directories are always f32).
+pub fn load_model_with(
+    path: &Path,
+    types: WeightTypes,
+) -> Result<LoadedModel<Weight>, LoaderError> {
     match format_of(path)? {
         ModelFormat::Gguf => {
             let g = gguf::GgufFile::open(path)?;
@@ -95,7 +114,7 @@ pub fn load_model(path: &Path) -> Result<LoadedModel, LoaderError> {
             // The tokenizer is built while the weights are dequantized.
             let (tokenizer, weights) = std::thread::scope(|s| {
                 let tok = s.spawn(|| tokenizer::gguf::tokenizer_from_gguf(&g));
-                let weights = gguf_model::weights_from_gguf(&g, &config);
+                let weights = gguf_model::weights_from_gguf_as(&g, &config, types);
                 let tok = tok.join().unwrap_or_else(|_| {
                     Err(LoaderError::Tokenizer("tokenizer thread panicked".into()))
                 });
@@ -114,7 +133,7 @@ pub fn load_model(path: &Path) -> Result<LoadedModel, LoaderError> {
         ModelFormat::HfDir => {
             let config = hf::read_config(path)?;
             let (tokenizer, chat_template) = hf::tokenizer_and_template(path)?;
-            let weights = hf::read_weights(path, &config)?;
+            let weights = hf::read_weights(path, &config)?.map(Weight::F32);
             Ok(LoadedModel {
                 config,
                 weights,

@@ -1,8 +1,17 @@
-//! Dequantized model weights, laid out as Hugging Face does.
+//! Model weights, laid out as Hugging Face does.
+//!
+//! The structs are generic over the type of the large matrices (the seven
+//! projections of each layer, the embedding and the LM head): [`Tensor`]
+//! (f32, the default, what [`crate::load_model`] returns) or [`Weight`] (f32
+//! or kept in the file's block-quantized type, [`crate::load_model_with`]).
+//! Norms and biases are always f32.
 //!
 //! Linear weights are row-major `[out_features, in_features]` (so `y = x W^T`).
 //! GGUF's Q/K row permutation has already been undone: the rows follow the
 //! HF order, so the rotary embedding is the rotate-half form everywhere.
+
+use crate::error::{LoaderError, Result};
+use crate::quant::{self, QuantType};
 
 /// A dense, row-major f32 tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,19 +38,109 @@ impl Tensor {
     }
 }
 
+/// A matrix kept in its file's block-quantized type: row-major
+/// `[rows, cols]` (`shape`, outermost first), each row `cols / block_len`
+/// whole blocks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantTensor {
+    pub ty: QuantType,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+impl QuantTensor {
+    /// Checks that `bytes` holds `shape` as whole-block rows of `ty`.
+    pub fn new(ty: QuantType, shape: Vec<usize>, bytes: Vec<u8>, name: &str) -> Result<Self> {
+        let cols = shape.last().copied().unwrap_or(0);
+        let rows: usize = shape.iter().rev().skip(1).product();
+        let row_bytes = ty
+            .bytes_for(cols)
+            .map_err(|e| LoaderError::Malformed(format!("tensor {name}: {e}")))?;
+        if shape.len() != 2 || bytes.len() != rows * row_bytes {
+            return Err(LoaderError::Malformed(format!(
+                "tensor {name}: {} bytes of {} for shape {shape:?}",
+                bytes.len(),
+                ty.name()
+            )));
+        }
+        Ok(Self { ty, shape, bytes })
+    }
+
+    /// Rows (output features).
+    pub fn rows(&self) -> usize {
+        self.shape[0]
+    }
+
+    /// Columns (input features).
+    pub fn cols(&self) -> usize {
+        self.shape[1]
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols() / self.ty.block_len() * self.ty.block_bytes()
+    }
+
+    /// Dequantized copy, O(elements).
+    pub fn to_f32(&self) -> Tensor {
+        let mut data = vec![0f32; self.rows() * self.cols()];
+        quant::dequantize_row(self.ty, &self.bytes, &mut data);
+        Tensor::new(self.shape.clone(), data)
+    }
+}
+
+/// A large matrix as loaded: f32, or in the file's quantized type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Weight {
+    F32(Tensor),
+    Quantized(QuantTensor),
+}
+
+impl Weight {
+    /// Shape, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            Self::F32(t) => &t.shape,
+            Self::Quantized(q) => &q.shape,
+        }
+    }
+
+    /// The f32 tensor (dequantized when quantized), O(elements).
+    pub fn into_f32(self) -> Tensor {
+        match self {
+            Self::F32(t) => t,
+            Self::Quantized(q) => q.to_f32(),
+        }
+    }
+
+    /// Bytes held in memory.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            Self::F32(t) => t.data.len() * 4,
+            Self::Quantized(q) => q.bytes.len(),
+        }
+    }
+}
+
+impl From<Tensor> for Weight {
+    fn from(t: Tensor) -> Self {
+        Self::F32(t)
+    }
+}
+
 /// Weights of one decoder layer.
 #[derive(Debug, Clone)]
-pub struct LayerWeights {
+pub struct LayerWeights<W = Tensor> {
     /// `[hidden]`, RMSNorm before attention.
     pub attn_norm: Tensor,
     /// `[num_heads * head_dim, hidden]`.
-    pub wq: Tensor,
+    pub wq: W,
     /// `[num_kv_heads * head_dim, hidden]`.
-    pub wk: Tensor,
+    pub wk: W,
     /// `[num_kv_heads * head_dim, hidden]`.
-    pub wv: Tensor,
+    pub wv: W,
     /// `[hidden, num_heads * head_dim]`.
-    pub wo: Tensor,
+    pub wo: W,
     /// Optional q/k/v biases (Qwen2).
     pub bq: Option<Tensor>,
     pub bk: Option<Tensor>,
@@ -49,28 +148,70 @@ pub struct LayerWeights {
     /// `[hidden]`, RMSNorm before the MLP.
     pub ffn_norm: Tensor,
     /// `[intermediate, hidden]`.
-    pub w_gate: Tensor,
+    pub w_gate: W,
     /// `[intermediate, hidden]`.
-    pub w_up: Tensor,
+    pub w_up: W,
     /// `[hidden, intermediate]`.
-    pub w_down: Tensor,
+    pub w_down: W,
 }
 
 /// All weights of a Llama-family model.
 #[derive(Debug, Clone)]
-pub struct ModelWeights {
+pub struct ModelWeights<W = Tensor> {
     /// `[vocab, hidden]`.
-    pub token_embedding: Tensor,
-    pub layers: Vec<LayerWeights>,
+    pub token_embedding: W,
+    pub layers: Vec<LayerWeights<W>>,
     /// `[hidden]`.
     pub final_norm: Tensor,
     /// `[vocab, hidden]`; `None` when tied to `token_embedding`.
-    pub lm_head: Option<Tensor>,
+    pub lm_head: Option<W>,
 }
 
-impl ModelWeights {
+impl<W> ModelWeights<W> {
     /// The output projection, tied or not.
-    pub fn output_weight(&self) -> &Tensor {
+    pub fn output_weight(&self) -> &W {
         self.lm_head.as_ref().unwrap_or(&self.token_embedding)
+    }
+
+    /// Converts every large matrix with `f` (norms and biases unchanged).
+    pub fn map<V>(self, mut f: impl FnMut(W) -> V) -> ModelWeights<V> {
+        let layers = self
+            .layers
+            .into_iter()
+            .map(|l| LayerWeights {
+                attn_norm: l.attn_norm,
+                wq: f(l.wq),
+                wk: f(l.wk),
+                wv: f(l.wv),
+                wo: f(l.wo),
+                bq: l.bq,
+                bk: l.bk,
+                bv: l.bv,
+                ffn_norm: l.ffn_norm,
+                w_gate: f(l.w_gate),
+                w_up: f(l.w_up),
+                w_down: f(l.w_down),
+            })
+            .collect();
+        ModelWeights {
+            token_embedding: f(self.token_embedding),
+            layers,
+            final_norm: self.final_norm,
+            lm_head: self.lm_head.map(f),
+        }
+    }
+}
+
+impl ModelWeights<Weight> {
+    /// Bytes held by the large matrices (what keeping file types saves).
+    pub fn matrix_bytes(&self) -> usize {
+        let mut n = self.token_embedding.nbytes() + self.lm_head.as_ref().map_or(0, Weight::nbytes);
+        for l in &self.layers {
+            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                .iter()
+                .map(|w| w.nbytes())
+                .sum::<usize>();
+        }
+        n
     }
 }

@@ -73,6 +73,15 @@ pub fn engine_options(args: &EngineArgs, context_len: usize, max_waiting: usize)
     }
 }
 
+/// `--dtype auto` keeps a GGUF's quantized weights (the GPU executor
+/// dequantizes them at upload); the other values load float32.
+fn weight_types(dtype: DtypeArg) -> model_loader::WeightTypes {
+    match dtype {
+        DtypeArg::Auto => model_loader::WeightTypes::File,
+        _ => model_loader::WeightTypes::F32,
+    }
+}
+
 fn set_threads(threads: Option<usize>) {
     if let Some(n) = threads {
         if let Err(e) = rayon::ThreadPoolBuilder::new()
@@ -95,7 +104,8 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         tokenizer,
         chat_template,
         ..
-    } = model_loader::load_model(&path).with_context(|| format!("loading {}", path.display()))?;
+    } = model_loader::load_model_with(&path, weight_types(args.engine.dtype))
+        .with_context(|| format!("loading {}", path.display()))?;
     let opts = engine_options(
         &args.engine,
         config.max_position_embeddings,
@@ -196,7 +206,7 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
         tokenizer,
         chat_template,
         ..
-    } = model_loader::load_model(&path)?;
+    } = model_loader::load_model_with(&path, weight_types(args.engine.dtype))?;
     let text = if args.chat {
         let t = chat_template.context("this model has no chat template")?;
         t.render(&[ChatMessage::new("user", args.prompt.clone())], true)?

@@ -48,10 +48,12 @@ pub enum DeviceArg {
 }
 
 /// `--dtype` (vLLM's names): element type of weights, activations and KV cache
-/// on the GPU. The CPU executor always computes in float32.
+/// on the GPU. On the CPU, `auto` keeps a GGUF's quantized weights in their
+/// file type (integer kernels); any other value dequantizes them to float32
+/// at load (the reference path).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DtypeArg {
-    /// bfloat16 on the GPU.
+    /// bfloat16 on the GPU; the file's weight types on the CPU.
     Auto,
     #[value(alias = "bf16")]
     Bfloat16,
@@ -107,7 +109,9 @@ pub struct EngineArgs {
     /// cache (the KV pool gets what a profile run leaves of it).
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
-    /// GPU only: element type of weights, activations and KV cache.
+    /// Element type of weights, activations and KV cache on the GPU; on the
+    /// CPU, `auto` keeps quantized GGUF weights quantized, `float32`
+    /// dequantizes them at load.
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
     /// Worker threads for the forward pass (default: all cores).

@@ -43,7 +43,7 @@ impl EngineBackend {
     /// Builds the CPU engine from a loaded model and starts its thread.
     pub fn start(
         config: model_loader::ModelConfig,
-        weights: model_loader::ModelWeights,
+        weights: model_loader::ModelWeights<model_loader::Weight>,
         eos_token_ids: Vec<u32>,
         opts: &EngineOptions,
     ) -> Result<Self, BackendError> {

@@ -1,15 +1,24 @@
-//! Linear layers `y = x W^T (+ b)` on the `gemm` crate.
+//! Linear layers `y = x W^T (+ b)`: f32 weights on the `gemm` crate, block-
+//! quantized weights on the integer kernels of [`super::quant`].
 //!
-//! Weights are row-major `[out, in]` as loaded; the GEMM reads them
+//! A layer is a stack of parts along the output rows (q/k/v or gate/up
+//! fused); adjacent parts of the same kind are merged at construction, so a
+//! fused layer is one product unless its parts have different types (a
+//! Q4_K_M file may store `attn_v` as Q6_K beside a Q4_K `attn_q`).
+//!
+//! f32 weights are row-major `[out, in]` as loaded; the GEMM reads them
 //! transposed through strides (no copy per call). Work is spread over the
 //! rayon pool by splitting the output columns into one contiguous stripe per
 //! thread, each stripe a single-threaded `gemm` call: `gemm` runs its
 //! matrix-vector path (used when there is one row, i.e. decode at batch 1)
 //! on one thread only, and the stripes keep both cores busy at every batch
-//! size. Cost: O(rows x out x in) flops, no allocation beyond gemm's packing.
+//! size. Cost: O(rows x out x in) flops, no allocation beyond gemm's packing
+//! (quantized parts: one quantization of the activations per call).
 
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
+
+use super::quant::{self, Isa, QMatrix, QuantizedActs};
 
 /// Output columns per stripe are rounded to this (a multiple of the kernels' NR).
 const STRIPE_ALIGN: usize = 32;
@@ -17,31 +26,142 @@ const STRIPE_ALIGN: usize = 32;
 /// Below this many multiply-adds a single call is cheaper than a fork.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
 
+/// One part of a layer's weight: `[rows, in]` f32 or quantized.
+#[derive(Debug, Clone)]
+pub enum LinearWeight {
+    /// Row-major `[rows, in]`.
+    F32(Vec<f32>),
+    Quant(QMatrix),
+}
+
+impl LinearWeight {
+    /// Output rows of this part.
+    pub fn rows(&self, in_features: usize) -> usize {
+        match self {
+            Self::F32(w) => w.len() / in_features.max(1),
+            Self::Quant(q) => q.rows,
+        }
+    }
+
+    /// Bytes held.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            Self::F32(w) => w.len() * 4,
+            Self::Quant(q) => q.bytes.len(),
+        }
+    }
+}
+
 /// A dense layer with an optional bias.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// `[out, in]`, row-major.
-    pub weight: Vec<f32>,
+    /// Stacked along the output rows, in order.
+    pub parts: Vec<LinearWeight>,
     pub bias: Option<Vec<f32>>,
     pub out_features: usize,
     pub in_features: usize,
 }
 
 impl Linear {
+    /// A layer of one f32 matrix `[out_features, in_features]`.
+    pub fn dense(weight: Vec<f32>, out_features: usize, in_features: usize) -> Self {
+        Self {
+            parts: vec![LinearWeight::F32(weight)],
+            bias: None,
+            out_features,
+            in_features,
+        }
+    }
+
+    /// Stacks `parts` (merging adjacent parts of the same kind and type).
+    pub fn stacked(parts: Vec<LinearWeight>, in_features: usize, bias: Option<Vec<f32>>) -> Self {
+        let out_features = parts.iter().map(|p| p.rows(in_features)).sum();
+        let mut merged: Vec<LinearWeight> = Vec::with_capacity(parts.len());
+        for p in parts {
+            match (merged.last_mut(), p) {
+                (Some(LinearWeight::F32(a)), LinearWeight::F32(b)) => a.extend_from_slice(&b),
+                (Some(LinearWeight::Quant(a)), LinearWeight::Quant(b)) if a.ty == b.ty => {
+                    a.rows += b.rows;
+                    a.bytes.extend_from_slice(&b.bytes);
+                }
+                (_, p) => merged.push(p),
+            }
+        }
+        Self {
+            parts: merged,
+            bias,
+            out_features,
+            in_features,
+        }
+    }
+
+    /// The weight as one f32 slice, when it is a single f32 part.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self.parts.as_slice() {
+            [LinearWeight::F32(w)] => Some(w),
+            _ => None,
+        }
+    }
+
+    /// True when some part is quantized.
+    pub fn is_quantized(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| matches!(p, LinearWeight::Quant(_)))
+    }
+
+    /// The same layer with every part dequantized and merged into one.
+    pub fn to_f32(&self) -> Linear {
+        let mut w = Vec::with_capacity(self.out_features * self.in_features);
+        for p in &self.parts {
+            match p {
+                LinearWeight::F32(v) => w.extend_from_slice(v),
+                LinearWeight::Quant(q) => w.extend_from_slice(&q.to_f32()),
+            }
+        }
+        Linear {
+            parts: vec![LinearWeight::F32(w)],
+            bias: self.bias.clone(),
+            out_features: self.out_features,
+            in_features: self.in_features,
+        }
+    }
+
+    /// Bytes held by the weight parts.
+    pub fn nbytes(&self) -> usize {
+        self.parts.iter().map(LinearWeight::nbytes).sum()
+    }
+
     /// `out[rows, out_features] (+)= x[rows, in_features] W^T + b`.
     /// With `accumulate`, the product is added to `out` (residual fusion).
     pub fn forward(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool) {
-        matmul_wt(
-            x,
-            rows,
-            &self.weight,
-            self.out_features,
-            self.in_features,
-            out,
-            accumulate,
-        );
+        self.forward_isa(x, rows, out, accumulate, Isa::best());
+    }
+
+    /// [`Linear::forward`] with the quantized kernels of `isa`.
+    pub fn forward_isa(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool, isa: Isa) {
+        let (n, k) = (self.out_features, self.in_features);
+        let act = self.is_quantized().then(|| QuantizedActs::new(x, rows, k));
+        let mut c0 = 0;
+        for p in &self.parts {
+            let start = c0.min(out.len());
+            let dst = &mut out[start..];
+            match p {
+                LinearWeight::F32(w) => {
+                    let pn = w.len() / k.max(1);
+                    matmul_wt_ld(x, rows, w, pn, k, dst, n, accumulate);
+                    c0 += pn;
+                }
+                LinearWeight::Quant(q) => {
+                    if let Some(act) = &act {
+                        quant::matmul(act, q, dst, n, accumulate, isa);
+                    }
+                    c0 += q.rows;
+                }
+            }
+        }
         if let Some(b) = &self.bias {
-            for orow in out.chunks_exact_mut(self.out_features) {
+            for orow in out.chunks_exact_mut(n) {
                 for (o, bv) in orow.iter_mut().zip(b) {
                     *o += bv;
                 }
@@ -79,10 +199,26 @@ pub fn matmul_wt(
     out: &mut [f32],
     accumulate: bool,
 ) {
-    assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
+    matmul_wt_ld(x, m, w, n, k, out, n, accumulate);
+}
+
+/// [`matmul_wt`] writing row `r` of the product at `out[r * ldo..]`
+/// (`ldo >= n`: the product is a column block of a wider output).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_wt_ld(
+    x: &[f32],
+    m: usize,
+    w: &[f32],
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+    ldo: usize,
+    accumulate: bool,
+) {
     if m == 0 || n == 0 {
         return;
     }
+    assert!(x.len() >= m * k && w.len() >= n * k && ldo >= n && out.len() >= (m - 1) * ldo + n);
     let threads = rayon::current_num_threads().max(1);
     let work = m * n * k;
     let stripes = if work < PARALLEL_MIN_WORK || threads == 1 {
@@ -96,8 +232,8 @@ pub fn matmul_wt(
         let cols = per.min(n - c0);
         // SAFETY: x is [m, k] (row stride k), w rows c0..c0+cols are inside
         // w (n*k elements, checked above), and the destination stripe covers
-        // rows 0..m, columns c0..c0+cols of out (m*n elements, checked
-        // above). Stripes are disjoint across threads, so no two calls write
+        // rows 0..m, columns c0..c0+cols < n <= ldo with row stride ldo, the
+        // last element below (m-1)*ldo + n <= out.len() (checked above). Stripes are disjoint across threads, so no two calls write
         // the same element, and `out` is exclusively borrowed for the whole
         // parallel section.
         unsafe {
@@ -107,7 +243,7 @@ pub fn matmul_wt(
                 k,
                 dst.get().add(c0),
                 1,
-                n as isize,
+                ldo as isize,
                 accumulate,
                 x.as_ptr(),
                 1,
@@ -184,12 +320,8 @@ mod tests {
 
     #[test]
     fn linear_adds_bias() {
-        let lin = Linear {
-            weight: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
-            bias: Some(vec![10.0, 20.0]),
-            out_features: 2,
-            in_features: 3,
-        };
+        let mut lin = Linear::dense(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 2, 3);
+        lin.bias = Some(vec![10.0, 20.0]);
         let mut out = vec![0.0; 2];
         lin.forward(&[1.0, 1.0, 1.0], 1, &mut out, false);
         assert_eq!(out, vec![16.0, 35.0]);

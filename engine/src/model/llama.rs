@@ -2,7 +2,9 @@
 //!
 //! Weights are converted once at construction: q/k/v projections fused into
 //! one `[q + 2 kv, hidden]` matrix (biases concatenated, Qwen2), gate and up
-//! fused into one `[2 * intermediate, hidden]` matrix. One forward pass runs
+//! fused into one `[2 * intermediate, hidden]` matrix. Matrices given in a
+//! block-quantized type stay in it ([`super::quant`]); the embedding then
+//! dequantizes only the looked-up rows. One forward pass runs
 //! any mix of prefill chunks and decode tokens; per layer it costs six GEMMs
 //! over all batch tokens plus paged attention, and the output projection is
 //! applied only to `batch.logits_rows`. Scratch activations are allocated
@@ -11,12 +13,16 @@
 use super::attention::{paged_attention, plan, write_kv};
 use super::batch::validate;
 use super::kv_cache::{KvCache, KvGeometry};
-use super::linear::{matmul_wt, Linear};
+use std::borrow::Cow;
+
+use super::linear::{Linear, LinearWeight};
 use super::ops::{embed, rms_norm, silu_mul, RopeTables};
+use super::quant::QMatrix;
 use super::ModelError;
 use crate::executor::{ExecError, ForwardBatch, Logits};
-use model_loader::{ModelConfig, ModelWeights, Tensor};
+use model_loader::{ModelConfig, ModelWeights, Tensor, Weight};
 
+#[derive(Clone)]
 struct Layer {
     attn_norm: Vec<f32>,
     qkv: Linear,
@@ -28,7 +34,8 @@ struct Layer {
 
 /// One decoder layer's weights as [`LlamaModel`] keeps them: row-major
 /// `[out, in]` f32, q/k/v fused (`[q + 2 kv, hidden]`), gate/up fused
-/// (`[2 * intermediate, hidden]`).
+/// (`[2 * intermediate, hidden]`). A quantized matrix shows as an empty
+/// slice: call [`LlamaModel::to_f32`] first.
 pub struct LayerView<'a> {
     pub attn_norm: &'a [f32],
     pub qkv: &'a [f32],
@@ -52,14 +59,36 @@ pub struct WeightsView<'a> {
 }
 
 /// A loaded Llama-family model, ready to run forward passes.
+#[derive(Clone)]
 pub struct LlamaModel {
     config: ModelConfig,
-    embedding: Vec<f32>,
+    /// `[vocab, hidden]`, also the LM head when tied.
+    embedding: Linear,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
     /// `None` when tied to the embedding.
-    lm_head: Option<Vec<f32>>,
+    lm_head: Option<Linear>,
     rope: RopeTables,
+}
+
+/// An f32 view of a layer (empty when quantized).
+fn f(l: &Linear) -> &[f32] {
+    l.as_f32().unwrap_or(&[])
+}
+
+/// A large matrix as a layer part, shape-checked.
+fn take_w(w: Weight, name: &str, shape: &[usize]) -> Result<LinearWeight, ModelError> {
+    if w.shape() != shape {
+        return Err(ModelError::ShapeMismatch {
+            name: name.to_string(),
+            expected: shape.to_vec(),
+            got: w.shape().to_vec(),
+        });
+    }
+    Ok(match w {
+        Weight::F32(t) => LinearWeight::F32(take(t, name, shape)?),
+        Weight::Quantized(q) => LinearWeight::Quant(QMatrix::from_tensor(q)),
+    })
 }
 
 fn take(t: Tensor, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
@@ -104,8 +133,13 @@ fn check_config(c: &ModelConfig) -> Result<(), ModelError> {
 
 impl LlamaModel {
     /// Validates shapes and converts the weights (fusing q/k/v and gate/up).
-    pub fn new(config: ModelConfig, weights: ModelWeights) -> Result<Self, ModelError> {
+    /// Matrices given as [`Weight::Quantized`] stay quantized.
+    pub fn new<W: Into<Weight>>(
+        config: ModelConfig,
+        weights: ModelWeights<W>,
+    ) -> Result<Self, ModelError> {
         check_config(&config)?;
+        let weights = weights.map(Into::into);
         let c = &config;
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (qd, kvd, inter) = (
@@ -136,38 +170,36 @@ impl LlamaModel {
                     )))
                 }
             };
+            let qkv = vec![
+                take_w(lw.wq, &n("wq"), &[qd, h])?,
+                take_w(lw.wk, &n("wk"), &[kvd, h])?,
+                take_w(lw.wv, &n("wv"), &[kvd, h])?,
+            ];
+            let gate_up = vec![
+                take_w(lw.w_gate, &n("w_gate"), &[inter, h])?,
+                take_w(lw.w_up, &n("w_up"), &[inter, h])?,
+            ];
             layers.push(Layer {
                 attn_norm: take(lw.attn_norm, &n("attn_norm"), &[h])?,
-                qkv: Linear {
-                    weight: fuse(vec![
-                        take(lw.wq, &n("wq"), &[qd, h])?,
-                        take(lw.wk, &n("wk"), &[kvd, h])?,
-                        take(lw.wv, &n("wv"), &[kvd, h])?,
-                    ]),
-                    bias,
-                    out_features: qd + 2 * kvd,
-                    in_features: h,
-                },
-                o: linear(take(lw.wo, &n("wo"), &[h, qd])?, h, qd),
+                qkv: Linear::stacked(qkv, h, bias),
+                o: Linear::stacked(vec![take_w(lw.wo, &n("wo"), &[h, qd])?], qd, None),
                 ffn_norm: take(lw.ffn_norm, &n("ffn_norm"), &[h])?,
-                gate_up: linear(
-                    fuse(vec![
-                        take(lw.w_gate, &n("w_gate"), &[inter, h])?,
-                        take(lw.w_up, &n("w_up"), &[inter, h])?,
-                    ]),
-                    2 * inter,
-                    h,
+                gate_up: Linear::stacked(gate_up, h, None),
+                down: Linear::stacked(
+                    vec![take_w(lw.w_down, &n("w_down"), &[h, inter])?],
+                    inter,
+                    None,
                 ),
-                down: linear(take(lw.w_down, &n("w_down"), &[h, inter])?, h, inter),
             });
         }
-        let embedding = take(
-            weights.token_embedding,
-            "token_embedding",
-            &[c.vocab_size, h],
-        )?;
+        let vh = [c.vocab_size, h];
+        let embedding = Linear::stacked(
+            vec![take_w(weights.token_embedding, "token_embedding", &vh)?],
+            h,
+            None,
+        );
         let lm_head = match weights.lm_head {
-            Some(t) => Some(take(t, "lm_head", &[c.vocab_size, h])?),
+            Some(t) => Some(Linear::stacked(vec![take_w(t, "lm_head", &vh)?], h, None)),
             None => None,
         };
         let final_norm = take(weights.final_norm, "final_norm", &[h])?;
@@ -188,26 +220,65 @@ impl LlamaModel {
     }
 
     /// The converted weights, read-only (a GPU executor uploads them).
+    /// Quantized matrices show as empty slices: use [`LlamaModel::to_f32`]
+    /// first when [`LlamaModel::is_quantized`].
     pub fn weights(&self) -> WeightsView<'_> {
         WeightsView {
-            embedding: &self.embedding,
+            embedding: f(&self.embedding),
             final_norm: &self.final_norm,
-            lm_head: self.lm_head.as_deref().unwrap_or(&self.embedding),
+            lm_head: f(self.lm_head.as_ref().unwrap_or(&self.embedding)),
             layers: self
                 .layers
                 .iter()
                 .map(|l| LayerView {
                     attn_norm: &l.attn_norm,
-                    qkv: &l.qkv.weight,
+                    qkv: f(&l.qkv),
                     qkv_bias: l.qkv.bias.as_deref(),
-                    o: &l.o.weight,
+                    o: f(&l.o),
                     ffn_norm: &l.ffn_norm,
-                    gate_up: &l.gate_up.weight,
-                    down: &l.down.weight,
+                    gate_up: f(&l.gate_up),
+                    down: f(&l.down),
                 })
                 .collect(),
             rope: &self.rope,
         }
+    }
+
+    /// True when some matrix is kept block-quantized.
+    pub fn is_quantized(&self) -> bool {
+        self.linears().any(Linear::is_quantized)
+    }
+
+    /// This model with every matrix in f32: borrowed when it already is,
+    /// else a dequantized copy (O(parameters)).
+    pub fn to_f32(&self) -> Cow<'_, LlamaModel> {
+        if !self.is_quantized() {
+            return Cow::Borrowed(self);
+        }
+        let mut m = self.clone();
+        m.embedding = m.embedding.to_f32();
+        m.lm_head = m.lm_head.as_ref().map(Linear::to_f32);
+        for l in &mut m.layers {
+            for lin in [&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down] {
+                *lin = lin.to_f32();
+            }
+        }
+        Cow::Owned(m)
+    }
+
+    /// Bytes held by the weight matrices (quantized ones at their size).
+    pub fn matrix_bytes(&self) -> usize {
+        self.linears().map(Linear::nbytes).sum()
+    }
+
+    fn linears(&self) -> impl Iterator<Item = &Linear> {
+        std::iter::once(&self.embedding)
+            .chain(self.lm_head.as_ref())
+            .chain(
+                self.layers
+                    .iter()
+                    .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down]),
+            )
     }
 
     /// The KV pool geometry this model needs for `num_blocks` blocks of `block_size`.
@@ -244,7 +315,7 @@ impl LlamaModel {
         let qkv_dim = qd + 2 * kvd;
 
         let mut x = vec![0.0f32; n * h];
-        embed(&self.embedding, h, &batch.token_ids, &mut x);
+        self.embed(&batch.token_ids, &mut x);
         let mut hbuf = vec![0.0f32; n * h];
         let mut qkv = vec![0.0f32; n * qkv_dim];
         let mut attn = vec![0.0f32; n * qd];
@@ -296,17 +367,32 @@ impl LlamaModel {
         rms_norm(&sel, &self.final_norm, c.rms_norm_eps, &mut normed);
         let vocab = c.vocab_size;
         let mut data = vec![0.0f32; rows * vocab];
-        let head = self.lm_head.as_deref().unwrap_or(&self.embedding);
-        matmul_wt(&normed, rows, head, vocab, h, &mut data, false);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embedding);
+        head.forward(&normed, rows, &mut data, false);
         Ok(Logits { rows, vocab, data })
     }
-}
 
-fn linear(weight: Vec<f32>, out_features: usize, in_features: usize) -> Linear {
-    Linear {
-        weight,
-        bias: None,
-        out_features,
-        in_features,
+    /// Gathers the embedding rows of `ids` (validated `< vocab`) into `out`.
+    fn embed(&self, ids: &[u32], out: &mut [f32]) {
+        let h = self.config.hidden_size;
+        match self.embedding.parts.as_slice() {
+            [LinearWeight::F32(table)] => embed(table, h, ids, out),
+            parts => {
+                for (o, &id) in out.chunks_exact_mut(h).zip(ids) {
+                    let mut r = id as usize;
+                    for p in parts {
+                        let rows = p.rows(h);
+                        if r < rows {
+                            match p {
+                                LinearWeight::F32(t) => o.copy_from_slice(&t[r * h..(r + 1) * h]),
+                                LinearWeight::Quant(q) => q.dequantize_row(r, o),
+                            }
+                            break;
+                        }
+                        r -= rows;
+                    }
+                }
+            }
+        }
     }
 }

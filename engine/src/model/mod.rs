@@ -19,6 +19,7 @@ pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod ops;
+pub mod quant;
 
 #[cfg(test)]
 pub(crate) mod test_util;

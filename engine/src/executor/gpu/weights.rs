@@ -42,7 +42,8 @@ impl DeviceWeights {
     /// pass does not implement (q/k/v biases) with [`GpuError::Unsupported`].
     /// O(parameters).
     pub fn upload(dev: &mut dyn Device, model: &LlamaModel, t: DType) -> Result<Self, GpuError> {
-        let w = model.weights();
+        let f32_model = model.to_f32();
+        let w = f32_model.weights();
         if w.layers.iter().any(|l| l.qkv_bias.is_some()) {
             return Err(GpuError::Unsupported(
                 "q/k/v projection biases (Qwen2) are not implemented on the GPU executor; use --device cpu".into(),

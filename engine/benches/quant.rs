@@ -1,0 +1,150 @@
+//! Quantized weights against f32 weights on the default SmolLM2-135M Q4_1
+//! GGUF, side by side in one process: decode tokens/s at batch 1 and 32
+//! (context ~128), prompt-processing tokens/s (one 128-token prompt), and
+//! the resident memory each model adds when loaded.
+//!
+//! The two models alternate round by round (A, B, A, B, ...) and the median
+//! round of each is reported with the ratio, so load from other processes on
+//! a shared machine hits both alike. Needs the fetched model
+//! (`cargo xtask fetch-model`); says so and exits otherwise.
+//!
+//! Run: `cargo bench -p engine --bench quant`
+
+use engine::executor::{ContiguousLayout, ForwardBatch};
+use engine::model::{KvCache, LlamaModel};
+use model_loader::WeightTypes;
+use std::time::Instant;
+
+const BLOCK: usize = 16;
+const CTX: usize = 128;
+const ROUNDS: usize = 7;
+
+fn rss_bytes() -> usize {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn prompt(seq: usize, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 7919 + seq as u32 * 104_729) % 49152)
+        .collect()
+}
+
+/// A prepared workload: a batch, a cache, and how many tokens one forward is.
+struct Work {
+    batch: ForwardBatch,
+    cache: KvCache,
+    tokens: usize,
+}
+
+fn decode_work(model: &LlamaModel, seqs: usize) -> Work {
+    let layout = ContiguousLayout {
+        block_size: BLOCK,
+        blocks_per_seq: CTX.div_ceil(BLOCK) + 1,
+    };
+    let mut cache = KvCache::new(model.kv_geometry(seqs * layout.blocks_per_seq, BLOCK));
+    let (mut pre, mut batch) = (ForwardBatch::default(), ForwardBatch::default());
+    for s in 0..seqs {
+        layout.push(&mut pre, s, 0, &prompt(s, CTX), false);
+        layout.push(&mut batch, s, CTX, &[(s as u32 * 13) % 49152], true);
+    }
+    model.forward(&pre, &mut cache).expect("prefill");
+    Work {
+        batch,
+        cache,
+        tokens: seqs,
+    }
+}
+
+fn prefill_work(model: &LlamaModel) -> Work {
+    let layout = ContiguousLayout {
+        block_size: BLOCK,
+        blocks_per_seq: CTX.div_ceil(BLOCK) + 1,
+    };
+    let cache = KvCache::new(model.kv_geometry(layout.blocks_per_seq, BLOCK));
+    let mut batch = ForwardBatch::default();
+    layout.push(&mut batch, 0, 0, &prompt(0, CTX), true);
+    Work {
+        batch,
+        cache,
+        tokens: CTX,
+    }
+}
+
+/// Tokens/s of `iters` forwards.
+fn time(model: &LlamaModel, w: &mut Work, iters: usize) -> f64 {
+    let t = Instant::now();
+    for _ in 0..iters {
+        model.forward(&w.batch, &mut w.cache).expect("forward");
+    }
+    (w.tokens * iters) as f64 / t.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn side_by_side(
+    name: &str,
+    models: [&LlamaModel; 2],
+    make: impl Fn(&LlamaModel) -> Work,
+    iters: usize,
+) {
+    let mut works = models.map(&make);
+    for (m, w) in models.iter().zip(works.iter_mut()) {
+        time(m, w, 1); // warm-up
+    }
+    let mut rates = [Vec::new(), Vec::new()];
+    for _ in 0..ROUNDS {
+        for i in 0..2 {
+            rates[i].push(time(models[i], &mut works[i], iters));
+        }
+    }
+    let [q, f] = rates.map(median);
+    println!(
+        "{name:<18} quantized {q:8.1} tok/s   float32 {f:8.1} tok/s   ratio {:.2}x",
+        q / f
+    );
+}
+
+fn main() {
+    let path = model_loader::paths::default_model_path();
+    if !path.is_file() {
+        println!(
+            "quant bench: {} is missing (cargo xtask fetch-model)",
+            path.display()
+        );
+        return;
+    }
+    let file_size = std::fs::metadata(&path).map_or(0, |m| m.len() as usize);
+    let r0 = rss_bytes();
+    let q = model_loader::load_model_with(&path, WeightTypes::File).expect("load");
+    let quant = LlamaModel::new(q.config, q.weights).expect("model");
+    let r1 = rss_bytes();
+    let f = model_loader::load_model(&path).expect("load");
+    let float = LlamaModel::new(f.config, f.weights).expect("model");
+    let r2 = rss_bytes();
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    println!(
+        "file {:.1} MiB; weights held: quantized {:.1} MiB, float32 {:.1} MiB; \
+         resident memory added by loading: quantized {:.1} MiB, float32 {:.1} MiB",
+        mib(file_size),
+        mib(quant.matrix_bytes()),
+        mib(float.matrix_bytes()),
+        mib(r1.saturating_sub(r0)),
+        mib(r2.saturating_sub(r1)),
+    );
+    println!(
+        "threads {}, kernels {:?}, {ROUNDS} alternating rounds, medians",
+        rayon::current_num_threads(),
+        engine::model::quant::Isa::best()
+    );
+    let models = [&quant, &float];
+    side_by_side("decode batch 1", models, |m| decode_work(m, 1), 20);
+    side_by_side("decode batch 32", models, |m| decode_work(m, 32), 4);
+    side_by_side("prefill 1x128", models, prefill_work, 2);
+}

@@ -1,0 +1,180 @@
+//! Linear layers on block-quantized weights (GGUF `Q4_0` ... `Q6_K`), kept
+//! in the file's type in memory.
+//!
+//! How a product `out[m, n] = x[m, k] W[n, k]^T` runs (llama.cpp's scheme
+//! with a batched tile):
+//! 1. [`act`]: each activation row is quantized per 32 values to 8 bits
+//!    (`Q8_0`-style: `d = amax / 127`), with the scaled sum of every 16
+//!    (for the weights' offsets). Once per product.
+//! 2. [`tile`]: a tile of [`NR`] weight rows is decoded once into 8-bit
+//!    levels (`model_loader::quant::decode_row`: one decoder per layout)
+//!    plus per-32 scale vectors and per-16 offsets, then reused by every
+//!    activation row of the batch, so large batches stay compute-bound.
+//! 3. [`kernels`]: integer dot products of 32 levels at a time (AVX-512
+//!    VNNI `vpdpbusd`, AVX2 `vpmaddubsw`, or portable scalar, chosen once at
+//!    run time), each 16-sum scaled and accumulated in f32.
+//!
+//! Threads: the output columns are split into one stripe per rayon thread
+//! (each writes only its own columns).
+//!
+//! Invariants: `k` is a whole number of the type's blocks; the levels fed to
+//! the unsigned kernels lie in 0..=63 (offset types) so `vpmaddubsw` never
+//! saturates; `Q8_0`/`Q8_K` levels go through the sign trick instead.
+//!
+//! Cost: O(m n k) integer multiply-adds; memory traffic one pass over the
+//! quantized weights per product (plus the activations once per tile);
+//! scratch O(NR k) per thread and O(m k) for the quantized activations.
+
+pub mod act;
+pub mod kernels;
+pub mod tile;
+
+#[cfg(test)]
+mod tests;
+
+use model_loader::{QuantTensor, QuantType};
+use rayon::prelude::*;
+
+pub use act::QuantizedActs;
+pub use kernels::Isa;
+use tile::Tile;
+
+/// Weight rows decoded and multiplied together.
+pub const NR: usize = 4;
+
+/// Below this many multiply-adds a single thread is cheaper than a fork.
+const PARALLEL_MIN_WORK: usize = 1 << 16;
+
+/// A `[rows, cols]` weight matrix in a block-quantized type.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    pub ty: QuantType,
+    pub rows: usize,
+    pub cols: usize,
+    /// `rows * row_bytes`, each row whole blocks.
+    pub bytes: Vec<u8>,
+}
+
+impl QMatrix {
+    /// From a loaded tensor (its constructor checked the byte count).
+    pub fn from_tensor(t: QuantTensor) -> Self {
+        Self {
+            ty: t.ty,
+            rows: t.rows(),
+            cols: t.cols(),
+            bytes: t.bytes,
+        }
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.ty.block_len() * self.ty.block_bytes()
+    }
+
+    /// Row `r` dequantized into `out` (`cols` values).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let rb = self.row_bytes();
+        model_loader::quant::dequantize_row(self.ty, &self.bytes[r * rb..(r + 1) * rb], out);
+    }
+
+    /// The whole matrix in f32, row-major.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        model_loader::quant::dequantize_row(self.ty, &self.bytes, &mut out);
+        out
+    }
+
+    /// Stacks matrices of the same type and width (rows of `self` first).
+    pub fn concat(parts: &[QMatrix]) -> Option<QMatrix> {
+        let first = parts.first()?;
+        if parts
+            .iter()
+            .any(|p| p.ty != first.ty || p.cols != first.cols)
+        {
+            return None;
+        }
+        Some(QMatrix {
+            ty: first.ty,
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols: first.cols,
+            bytes: parts.iter().flat_map(|p| p.bytes.iter().copied()).collect(),
+        })
+    }
+}
+
+/// A raw output pointer handed to threads that write disjoint columns.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: only used to give each rayon task its own disjoint set of output
+// columns (see `matmul`); no two tasks write the same element.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above; the pointer value is only copied between threads.
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `out[r * ldo + c] (+)= sum_i act[r, i] * w[c, i]` for `r < act.m`,
+/// `c < w.rows`, using `isa`'s kernels.
+///
+/// Panics if `act.k != w.cols`, `ldo < w.rows` or `out` is too short
+/// (callers size them from the model's shapes).
+pub fn matmul(
+    act: &QuantizedActs,
+    w: &QMatrix,
+    out: &mut [f32],
+    ldo: usize,
+    accumulate: bool,
+    isa: Isa,
+) {
+    let (m, n, k) = (act.m, w.rows, w.cols);
+    assert!(act.k == k && ldo >= n, "matmul: shapes");
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(out.len() >= (m - 1) * ldo + n, "matmul: output too short");
+    let threads = rayon::current_num_threads().max(1);
+    let stripes = if m * n * k < PARALLEL_MIN_WORK || threads == 1 {
+        1
+    } else {
+        threads
+    };
+    let per = n.div_ceil(stripes).div_ceil(NR) * NR;
+    let dst = SendPtr(out.as_mut_ptr());
+    let run = |c0: usize| {
+        let c1 = (c0 + per).min(n);
+        let mut tile = Tile::new(w.ty, k);
+        let mut res = [0f32; NR];
+        let mut j = c0;
+        while j < c1 {
+            let nr = NR.min(c1 - j);
+            tile.decode(w, j, nr);
+            for r in 0..m {
+                kernels::dot_tile(isa, &tile, act, r, &mut res);
+                for (t, v) in res.iter().enumerate().take(nr) {
+                    // SAFETY: r < m and j + t < c1 <= n <= ldo, so the index
+                    // r * ldo + j + t is below (m - 1) * ldo + n <= out.len()
+                    // (asserted above). Columns j..c1 belong to this stripe
+                    // only, and `out` is exclusively borrowed for the call.
+                    unsafe {
+                        let p = dst.get().add(r * ldo + j + t);
+                        *p = if accumulate { *p + v } else { *v };
+                    }
+                }
+            }
+            j += nr;
+        }
+    };
+    if stripes == 1 {
+        run(0);
+    } else {
+        (0..n)
+            .step_by(per)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each(run);
+    }
+}

@@ -1,0 +1,137 @@
+use super::*;
+use model_loader::quant::quantize;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn qmatrix(ty: QuantType, n: usize, k: usize, rng: &mut ChaCha8Rng) -> QMatrix {
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| rng.gen_range(-1.0..1.0) * (0.2 + (i / 32 % 5) as f32 * 0.2) + 0.05)
+        .collect();
+    QMatrix {
+        ty,
+        rows: n,
+        cols: k,
+        bytes: quantize(ty, &w).expect("whole blocks"),
+    }
+}
+
+/// f64 `x W^T` on the dequantized weights and the dequantized activations:
+/// the kernels must match it up to f32 summation rounding.
+fn reference(act: &QuantizedActs, w: &QMatrix) -> Vec<f64> {
+    let wf = w.to_f32();
+    let (m, n, k) = (act.m, w.rows, w.cols);
+    let mut out = vec![0f64; m * n];
+    for r in 0..m {
+        for c in 0..n {
+            out[r * n + c] = (0..k)
+                .map(|i| {
+                    let x = f64::from(act.q[r * k + i]) * f64::from(act.d[(r * k + i) / 32]);
+                    x * f64::from(wf[c * k + i])
+                })
+                .sum();
+        }
+    }
+    out
+}
+
+#[test]
+fn every_type_and_kernel_matches_f64_on_odd_shapes() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for ty in QuantType::ALL {
+        let kb = ty.block_len();
+        for &(m, n, k) in &[(1, 1, kb), (3, 7, 3 * kb), (5, 13, 2 * kb), (32, 9, kb)] {
+            let w = qmatrix(ty, n, k, &mut rng);
+            let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let act = QuantizedActs::new(&x, m, k);
+            let want = reference(&act, &w);
+            for isa in Isa::available() {
+                let mut out = vec![f32::NAN; m * n];
+                matmul(&act, &w, &mut out, n, false, isa);
+                for (i, (g, e)) in out.iter().zip(&want).enumerate() {
+                    let tol = 1e-4 * (1.0 + e.abs()) * (k as f64).sqrt();
+                    assert!(
+                        (f64::from(*g) - e).abs() <= tol,
+                        "{} {isa:?} {m}x{n}x{k} [{i}]: {g} vs {e}",
+                        ty.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn strided_output_and_accumulate() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let (m, n, k, ldo) = (3, 6, 64, 10);
+    let w = qmatrix(QuantType::Q4_1, n, k, &mut rng);
+    let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let act = QuantizedActs::new(&x, m, k);
+    let want = reference(&act, &w);
+    let mut out = vec![1.5f32; m * ldo];
+    matmul(&act, &w, &mut out[2..], ldo, true, Isa::best());
+    for r in 0..m {
+        for c in 0..ldo {
+            let v = f64::from(out[r * ldo + c]);
+            if (2..2 + n).contains(&c) {
+                let e = want[r * n + c - 2] + 1.5;
+                assert!((v - e).abs() < 1e-3, "[{r},{c}] {v} vs {e}");
+            } else {
+                assert_eq!(v, 1.5, "column {c} outside the output was written");
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_product_is_close_to_the_f32_product() {
+    // End to end against unquantized activations: the error is the
+    // activation quantization's (Q8_0: well under 1% of the row norm).
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (m, n, k) = (4, 16, 512);
+    let w = qmatrix(QuantType::Q4K, n, k, &mut rng);
+    let wf = w.to_f32();
+    let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let mut out = vec![0f32; m * n];
+    matmul(
+        &QuantizedActs::new(&x, m, k),
+        &w,
+        &mut out,
+        n,
+        false,
+        Isa::best(),
+    );
+    for r in 0..m {
+        for c in 0..n {
+            let e: f64 = (0..k)
+                .map(|i| f64::from(x[r * k + i]) * f64::from(wf[c * k + i]))
+                .sum();
+            let norm: f64 = (0..k)
+                .map(|i| f64::from(wf[c * k + i]).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            assert!((f64::from(out[r * n + c]) - e).abs() < 0.01 * norm * (k as f64).sqrt() / 8.0);
+        }
+    }
+}
+
+#[test]
+fn fast_legacy_decode_equals_the_generic_decoders() {
+    // Q4_0/Q4_1/Q8_0 take tile::decode_legacy; the kernels' results must
+    // equal those of the scalar reference on the same tile either way, and
+    // the decoded weights must equal model-loader's dequantization.
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+        let w = qmatrix(ty, NR, 96, &mut rng);
+        let mut tile = Tile::new(ty, 96);
+        tile.decode(&w, 0, NR);
+        let wf = w.to_f32();
+        for t in 0..NR {
+            let (u, a8, bb) = tile.row(t);
+            for i in 0..96 {
+                let v = a8[i / 32 * 8 + (i % 32) / 16 * 4] * f32::from(u[i]) + bb[i / 16];
+                assert_eq!(v, wf[t * 96 + i], "{} row {t} [{i}]", ty.name());
+            }
+        }
+    }
+}
