@@ -133,11 +133,15 @@ fn decode_legacy(ty: QuantType, row: &[u8], u: &mut [i8], a8: &mut [f32], bb: &m
                     Ok(q) => q,
                     Err(_) => return false,
                 };
-                let (lo, hi) = uc.split_at_mut(16);
-                for ((l, h), &v) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
-                    *l = (v & 0x0f) as i8;
-                    *h = (v >> 4) as i8;
-                }
+                let uc: &mut [i8; 32] = match uc.try_into() {
+                    Ok(u) => u,
+                    Err(_) => return false,
+                };
+                // Fixed-size arrays: no bounds checks, one vector op each.
+                let lo: [i8; 16] = std::array::from_fn(|j| (qs[j] & 0x0f) as i8);
+                let hi: [i8; 16] = std::array::from_fn(|j| (qs[j] >> 4) as i8);
+                uc[..16].copy_from_slice(&lo);
+                uc[16..].copy_from_slice(&hi);
                 a8c.fill(d);
                 // Q4_0: q - 8 with offset 8 folded: bb = -8 d. Q4_1: bb = m.
                 bbc.fill(if ty == QuantType::Q4_0 {
