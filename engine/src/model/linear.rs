@@ -326,4 +326,41 @@ mod tests {
         lin.forward(&[1.0, 1.0, 1.0], 1, &mut out, false);
         assert_eq!(out, vec![16.0, 35.0]);
     }
+
+    #[test]
+    fn stacked_parts_of_mixed_types_match_the_dequantized_product() {
+        use model_loader::quant::quantize;
+        use model_loader::QuantType;
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let (m, k) = (5, 256);
+        let mut parts = Vec::new();
+        for (ty, rows) in [
+            (QuantType::Q4K, 6),
+            (QuantType::Q4K, 2),
+            (QuantType::Q6K, 3),
+        ] {
+            let w: Vec<f32> = (0..rows * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            parts.push(LinearWeight::Quant(QMatrix {
+                ty,
+                rows,
+                cols: k,
+                bytes: quantize(ty, &w).unwrap(),
+            }));
+        }
+        parts.push(LinearWeight::F32(
+            (0..4 * k).map(|_| rng.gen_range(-1.0..1.0)).collect(),
+        ));
+        let lin = Linear::stacked(parts, k, Some((0..15).map(|i| i as f32).collect()));
+        assert_eq!(lin.out_features, 15);
+        assert_eq!(lin.parts.len(), 3, "the two Q4_K parts merge");
+        let dense = lin.to_f32();
+        let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let (mut got, mut want) = (vec![0f32; m * 15], vec![0f32; m * 15]);
+        lin.forward(&x, m, &mut got, false);
+        dense.forward(&x, m, &mut want, false);
+        for (g, w) in got.iter().zip(&want) {
+            // 8-bit activations: error well under 1% of sqrt(k) * |w| * |x|.
+            assert!((g - w).abs() < 0.1, "{g} vs {w}");
+        }
+    }
 }
