@@ -3,7 +3,8 @@
 //! [`ChatTemplate`].
 //!
 //! Invariant: this crate does no model compute and no GPU work. It reads,
-//! validates, dequantizes and reorders; numbers leave it as plain `f32` rows.
+//! validates, dequantizes and reorders; numbers leave it as plain `f32` rows,
+//! or, under [`WeightTypes::File`], as the file's quantized blocks.
 //!
 //! Entry point: [`load_model`] takes a `.gguf` file or an HF model directory.
 
