@@ -99,7 +99,7 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
     let opts = engine_options(
         &args.engine,
         config.max_position_embeddings,
-        args.max_waiting_requests,
+        args.http.max_waiting_requests,
     );
     let eos = tokenizer.eos_token_ids().to_vec();
     let backend = EngineBackend::start(config, weights, eos, &opts)
@@ -114,7 +114,7 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         limits.num_gpu_blocks,
         limits.num_gpu_blocks * limits.block_size
     );
-    let name = args.served_model_name.clone().unwrap_or_else(|| {
+    let name = args.http.served_model_name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned())
     });
@@ -123,9 +123,9 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         Arc::new(tokenizer),
         chat_template,
         name,
-        args.api_key.clone(),
+        args.http.api_key.clone(),
     );
-    state.max_body_bytes = args.max_body_bytes;
+    state.max_body_bytes = args.http.max_body_bytes;
     Ok(state)
 }
 
@@ -161,7 +161,7 @@ pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let addr = format!("{}:{}", args.host, args.port);
+        let addr = format!("{}:{}", args.http.host, args.http.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
@@ -187,9 +187,10 @@ pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// `server generate`: a quick greedy completion printed to stdout, through
 /// the same engine the server uses.
-pub fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
-    set_threads(args.engine.threads);
-    let path = model_path(&args.engine)?;
+pub fn run_generate(engine: &EngineArgs, args: GenerateArgs) -> anyhow::Result<()> {
+    set_threads(engine.threads);
+    let path = model_path(engine)?;
+    tracing::info!(model = %path.display(), "loading model");
     let LoadedModel {
         config,
         weights,
@@ -204,7 +205,7 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
         args.prompt.clone()
     };
     let prompt = tokenizer.encode(&text, !args.chat)?;
-    let opts = engine_options(&args.engine, config.max_position_embeddings, 16);
+    let opts = engine_options(engine, config.max_position_embeddings, 16);
     let eos = tokenizer.eos_token_ids().to_vec();
     let backend = EngineBackend::start(config, weights, eos, &opts)
         .map_err(|e| anyhow::anyhow!("cannot start the engine: {e}"))?;

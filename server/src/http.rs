@@ -147,11 +147,26 @@ fn check_auth(state: &AppState, req: &Request<Incoming>) -> Result<(), ApiError>
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given.map(str::trim) == Some(key.as_str()) {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized)
+    match given {
+        Some(g) if constant_time_eq(g.trim().as_bytes(), key.as_bytes()) => Ok(()),
+        _ => Err(ApiError::Unauthorized),
     }
+}
+
+/// Compares a presented token with the key in time that depends only on the
+/// token's length, never on where the first differing byte is (the key's
+/// length may show; its content does not).
+pub fn constant_time_eq(given: &[u8], key: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != key.len());
+    for (i, &g) in given.iter().enumerate() {
+        let k = if key.is_empty() {
+            0
+        } else {
+            key[i % key.len()]
+        };
+        diff |= std::hint::black_box(g ^ k);
+    }
+    std::hint::black_box(diff) == 0
 }
 
 async fn read_body(state: &AppState, req: Request<Incoming>) -> Result<Bytes, ApiError> {
