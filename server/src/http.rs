@@ -21,9 +21,10 @@ use crate::response::{self, ResponseMeta};
 use crate::validate::{self, GenerateRequest, ValidationContext};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
-use hyper::body::{Frame, Incoming};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Body as _, Frame, Incoming};
 use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE};
+use hyper::http::request::Parts;
 use hyper::{Method, Request, Response, StatusCode};
 use model_loader::{ChatTemplate, Tokenizer};
 use std::convert::Infallible;
@@ -138,12 +139,12 @@ fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
     }
 }
 
-fn check_auth(state: &AppState, req: &Request<Incoming>) -> Result<(), ApiError> {
+fn check_auth(state: &AppState, req: &Parts) -> Result<(), ApiError> {
     let Some(key) = &state.api_key else {
         return Ok(());
     };
     let given = req
-        .headers()
+        .headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
@@ -169,32 +170,68 @@ pub fn constant_time_eq(given: &[u8], key: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-async fn read_body(state: &AppState, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+async fn read_body(
+    state: &AppState,
+    req: &Parts,
+    slot: &mut Option<Incoming>,
+) -> Result<Bytes, ApiError> {
     let limit = state.max_body_bytes;
     let declared = req
-        .headers()
+        .headers
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > limit) {
         return Err(ApiError::PayloadTooLarge { limit });
     }
-    if let Some(ct) = req
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    {
+    if let Some(ct) = req.headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         if !ct.to_ascii_lowercase().starts_with("application/json") {
             return Err(ApiError::UnsupportedMediaType);
         }
     }
-    match Limited::new(req.into_body(), limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ApiError::PayloadTooLarge { limit })
+    let Some(mut body) = slot.take() else {
+        return Err(ApiError::Internal("the body was read twice".into()));
+    };
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::BadJson(format!("cannot read the body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                // Left for `handle` to drain after the answer.
+                *slot = Some(body);
+                return Err(ApiError::PayloadTooLarge { limit });
+            }
+            buf.extend_from_slice(&data);
         }
-        Err(e) => Err(ApiError::BadJson(format!("cannot read the body: {e}"))),
     }
+    Ok(Bytes::from(buf))
+}
+
+/// Most bytes of an unread request body (refused with 413, 401, 415, ...)
+/// read and discarded after the answer, so that a client that sends its
+/// whole body before reading still gets the answer instead of a reset.
+pub const DRAIN_MAX_BYTES: usize = 128 << 20;
+/// Longest time spent draining one refused body.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads and discards what is left of `body` (at most [`DRAIN_MAX_BYTES`]
+/// within [`DRAIN_TIMEOUT`]) while the connection writes the answer; the
+/// connection closes once this ends.
+fn drain_in_background(mut body: Incoming) {
+    tokio::spawn(async move {
+        let drain = async {
+            let mut n = 0usize;
+            while let Some(Ok(frame)) = body.frame().await {
+                if let Some(d) = frame.data_ref() {
+                    n += d.len();
+                    if n > DRAIN_MAX_BYTES {
+                        break;
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+    });
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -204,12 +241,21 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::from_json(&e))
 }
 
-/// Serves one request; never fails (errors become responses).
+/// Serves one request; never fails (errors become responses). A body the
+/// handler left unread is drained after the answer ([`drain_in_background`]).
 pub async fn handle(
     state: Arc<AppState>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
-    Ok(match dispatch(&state, req).await {
+    let (parts, body) = req.into_parts();
+    let mut body = Some(body);
+    let result = dispatch(&state, &parts, &mut body).await;
+    if let Some(b) = body.take() {
+        if !b.is_end_stream() {
+            drain_in_background(b);
+        }
+    }
+    Ok(match result {
         Ok(r) => r,
         Err(e) => {
             if e.status().is_server_error() {
@@ -224,11 +270,12 @@ pub async fn handle(
 
 async fn dispatch(
     state: &Arc<AppState>,
-    req: Request<Incoming>,
+    req: &Parts,
+    body: &mut Option<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    let r = route(req.method(), req.uri().path())?;
+    let r = route(&req.method, req.uri.path())?;
     if r != Route::Health {
-        check_auth(state, &req)?;
+        check_auth(state, req)?;
     }
     match r {
         Route::Health => Ok(full(StatusCode::OK, "text/plain", "")),
@@ -245,13 +292,13 @@ async fn dispatch(
                 .render(&state.backend.stats(), &state.served_model_name),
         )),
         Route::Completions => {
-            let body = read_body(state, req).await?;
+            let body = read_body(state, req, body).await?;
             let wire: CompletionRequest = parse(&body)?;
             let typed = validate::completion(&state.validation(), &wire)?;
             generate(state, typed, "cmpl").await
         }
         Route::Chat => {
-            let body = read_body(state, req).await?;
+            let body = read_body(state, req, body).await?;
             let wire: ChatRequest = parse(&body)?;
             let typed = validate::chat(&state.validation(), &wire)?;
             generate(state, typed, "chatcmpl").await
@@ -391,4 +438,25 @@ pub async fn serve(
         () = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing open connections"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"secret-key", b"secret-key"));
+        for other in [
+            &b"secret-kez"[..],
+            b"secret-ke",
+            b"secret-keyy",
+            b"",
+            b"Secret-key",
+        ] {
+            assert!(!constant_time_eq(other, b"secret-key"), "{other:?}");
+        }
+        assert!(constant_time_eq(b"", b""));
+        assert!(!constant_time_eq(b"x", b""));
+    }
 }
