@@ -193,6 +193,15 @@ mod range {
         }
     }
 
+    /// `> 0`, finite, at most a day (seconds).
+    pub fn positive_secs(s: &str) -> Result<f64, String> {
+        match float(s) {
+            Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
+            Ok(_) => Err("must be > 0 (and at most 86400)".into()),
+            Err(e) => Err(format!("{e}; must be > 0")),
+        }
+    }
+
     /// `>= 0`, finite.
     pub fn non_negative(s: &str) -> Result<f64, String> {
         match float(s) {
@@ -288,6 +297,16 @@ pub struct HttpArgs {
     /// Requests allowed to wait for admission; beyond it new ones get 429. Range: >= 1.
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = range::positive)]
     pub max_waiting_requests: usize,
+    /// Outputs (engine steps) a streaming request may have queued for a client
+    /// that reads slower than the engine generates; beyond it the engine holds
+    /// its newer tokens in one merged output. Range: >= 1.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = range::positive)]
+    pub stream_buffer: usize,
+    /// Seconds a request's output queue may stay full (the client stopped
+    /// reading) before the request is aborted and its KV blocks freed.
+    /// Range: > 0.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = range::positive_secs)]
+    pub stream_stall_timeout: f64,
     /// Largest accepted request body, in bytes. Range: >= 1.
     #[arg(long, value_name = "BYTES", default_value_t = crate::http::DEFAULT_MAX_BODY_BYTES, value_parser = range::positive)]
     pub max_body_bytes: usize,

@@ -94,11 +94,19 @@ const BAD: &[(&str, &str, &str)] = &[
     ("--threads", "0", ">= 1"),
     ("--max-waiting-requests", "0", ">= 1"),
     ("--max-body-bytes", "0", ">= 1"),
+    ("--stream-buffer", "0", ">= 1"),
+    ("--stream-stall-timeout", "0", "> 0"),
     ("--max-tokens", "0", ">= 1"),
 ];
 
 fn is_http_flag(flag: &str) -> bool {
-    matches!(flag, "--max-waiting-requests" | "--max-body-bytes")
+    matches!(
+        flag,
+        "--max-waiting-requests"
+            | "--max-body-bytes"
+            | "--stream-buffer"
+            | "--stream-stall-timeout"
+    )
 }
 
 #[test]
