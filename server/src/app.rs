@@ -135,6 +135,11 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         args.http.api_key.clone(),
     );
     state.max_body_bytes = args.http.max_body_bytes;
+    state.cors = crate::cors::Cors::from_flags(
+        args.http.allowed_origins.clone(),
+        args.http.allowed_methods.clone(),
+        args.http.allowed_headers.clone(),
+    );
     Ok(state)
 }
 

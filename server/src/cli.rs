@@ -18,6 +18,7 @@
 //!
 //! Cost: parsing only; nothing here touches the model.
 
+use crate::cors::CorsList;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -307,6 +308,17 @@ pub struct HttpArgs {
     /// Range: > 0.
     #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = range::positive_secs)]
     pub stream_stall_timeout: f64,
+    /// CORS: origins allowed to call the API, as a JSON list
+    /// (`'["https://a.example"]'`) or a comma list; `*` for any. CORS is off
+    /// (no CORS headers, OPTIONS is 405) unless this is given.
+    #[arg(long, value_name = "LIST", value_parser = CorsList::parse)]
+    pub allowed_origins: Option<CorsList>,
+    /// CORS: methods allowed (JSON or comma list; default `*` once CORS is on).
+    #[arg(long, value_name = "LIST", value_parser = CorsList::parse)]
+    pub allowed_methods: Option<CorsList>,
+    /// CORS: request headers allowed (JSON or comma list; default `*` once CORS is on).
+    #[arg(long, value_name = "LIST", value_parser = CorsList::parse)]
+    pub allowed_headers: Option<CorsList>,
     /// Largest accepted request body, in bytes. Range: >= 1.
     #[arg(long, value_name = "BYTES", default_value_t = crate::http::DEFAULT_MAX_BODY_BYTES, value_parser = range::positive)]
     pub max_body_bytes: usize,

@@ -2,8 +2,9 @@
 //! limits, and the endpoint handlers. Every failure goes through
 //! [`error_response`], the one place an [`ApiError`] becomes a response.
 //!
-//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`,
-//! `GET /v1/models`, `GET /health`, `GET /metrics`. A known path with the
+//! Routes ([`ROUTES`]): `POST /v1/completions`, `POST /v1/chat/completions`,
+//! `GET /v1/models`, `GET /health`, `GET /metrics`, `POST /tokenize`,
+//! `POST /detokenize`; CORS preflights when CORS is on ([`crate::cors`]). A known path with the
 //! wrong method is 405 (with `Allow`), an unknown path 404.
 //!
 //! Invariants: the body is read at most `max_body_bytes` (413 beyond);
@@ -13,11 +14,13 @@
 //! gone.
 
 use crate::backend::Backend;
+use crate::cors::Cors;
 use crate::error::ApiError;
 use crate::generate::Generation;
 use crate::metrics::Metrics;
 use crate::protocol::{ChatRequest, CompletionRequest};
 use crate::response::{self, ResponseMeta};
+use crate::tokenize;
 use crate::validate::{self, GenerateRequest, ValidationContext};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -48,6 +51,8 @@ pub struct AppState {
     pub served_model_name: String,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
+    /// CORS policy; `None`: off.
+    pub cors: Option<Cors>,
     pub metrics: Arc<Metrics>,
     pub started: u64,
     next_id: AtomicU64,
@@ -68,6 +73,7 @@ impl AppState {
             served_model_name,
             api_key,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            cors: None,
             metrics: Arc::new(Metrics::default()),
             started: Generation::created_secs(),
             next_id: AtomicU64::new(0),
@@ -100,10 +106,9 @@ fn json_response(v: &serde_json::Value) -> Response<Body> {
 pub fn error_response(e: &ApiError) -> Response<Body> {
     let mut r = full(e.status(), "application/json", e.to_body());
     if let ApiError::MethodNotAllowed { path, .. } = e {
-        let allow = if path.starts_with("/v1/") && path != "/v1/models" {
-            "POST"
-        } else {
-            "GET"
+        let allow = match ROUTES.iter().find(|(p, ..)| p == path) {
+            Some((_, m, _)) if *m == Method::POST => "POST",
+            _ => "GET, HEAD",
         };
         r.headers_mut()
             .insert(ALLOW, HeaderValue::from_static(allow));
@@ -118,19 +123,27 @@ enum Route {
     Models,
     Health,
     Metrics,
+    Tokenize,
+    Detokenize,
 }
 
+/// Every route: path, method (GET also answers HEAD), handler.
+const ROUTES: [(&str, Method, Route); 7] = [
+    ("/v1/completions", Method::POST, Route::Completions),
+    ("/v1/chat/completions", Method::POST, Route::Chat),
+    ("/v1/models", Method::GET, Route::Models),
+    ("/health", Method::GET, Route::Health),
+    ("/metrics", Method::GET, Route::Metrics),
+    ("/tokenize", Method::POST, Route::Tokenize),
+    ("/detokenize", Method::POST, Route::Detokenize),
+];
+
 fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
-    let (want, r) = match path {
-        "/v1/completions" => (Method::POST, Route::Completions),
-        "/v1/chat/completions" => (Method::POST, Route::Chat),
-        "/v1/models" => (Method::GET, Route::Models),
-        "/health" => (Method::GET, Route::Health),
-        "/metrics" => (Method::GET, Route::Metrics),
-        _ => return Err(ApiError::NotFound(path.to_string())),
+    let Some((_, want, r)) = ROUTES.iter().find(|(p, ..)| *p == path) else {
+        return Err(ApiError::NotFound(path.to_string()));
     };
-    if *method == want || (*method == Method::HEAD && want == Method::GET) {
-        Ok(r)
+    if method == want || (*method == Method::HEAD && *want == Method::GET) {
+        Ok(*r)
     } else {
         Err(ApiError::MethodNotAllowed {
             method: method.to_string(),
@@ -248,6 +261,9 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let (parts, body) = req.into_parts();
+    if let Some(r) = preflight(&state, &parts) {
+        return Ok(r);
+    }
     let mut body = Some(body);
     let result = dispatch(&state, &parts, &mut body).await;
     if let Some(b) = body.take() {
@@ -255,7 +271,7 @@ pub async fn handle(
             drain_in_background(b);
         }
     }
-    Ok(match result {
+    let mut response = match result {
         Ok(r) => r,
         Err(e) => {
             if e.status().is_server_error() {
@@ -265,7 +281,29 @@ pub async fn handle(
             }
             error_response(&e)
         }
-    })
+    };
+    if let Some(cors) = &state.cors {
+        if let Some(origin) = cors.allowed_origin(&parts.headers) {
+            cors.decorate(origin, response.headers_mut());
+        }
+    }
+    Ok(response)
+}
+
+/// A CORS preflight's answer (before routing and authentication), when CORS
+/// is on and `req` is one.
+fn preflight(state: &AppState, req: &Parts) -> Option<Response<Body>> {
+    if req.method != Method::OPTIONS {
+        return None;
+    }
+    match state.cors.as_ref()?.preflight(&req.headers)? {
+        Ok(headers) => {
+            let mut r = full(StatusCode::OK, "text/plain", "OK");
+            r.headers_mut().extend(headers);
+            Some(r)
+        }
+        Err(reason) => Some(full(StatusCode::BAD_REQUEST, "text/plain", reason)),
+    }
 }
 
 async fn dispatch(
@@ -302,6 +340,22 @@ async fn dispatch(
             let wire: ChatRequest = parse(&body)?;
             let typed = validate::chat(&state.validation(), &wire)?;
             generate(state, typed, "chatcmpl").await
+        }
+        Route::Tokenize => {
+            let body = read_body(state, req, body).await?;
+            let wire = tokenize::parse_tokenize(&body)?;
+            Ok(json_response(&tokenize::tokenize(
+                &state.validation(),
+                &wire,
+            )?))
+        }
+        Route::Detokenize => {
+            let body = read_body(state, req, body).await?;
+            let wire: tokenize::DetokenizeRequest = parse(&body)?;
+            Ok(json_response(&tokenize::detokenize(
+                &state.validation(),
+                &wire,
+            )?))
         }
     }
 }
