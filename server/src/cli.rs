@@ -285,7 +285,7 @@ pub struct HttpArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
-    /// Port to listen on (0: any free port; the log says which).
+    /// Port to listen on (0: any free port; the log says which). Range: 0..=65535.
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// Model name in the API (default: the model file's stem).

@@ -95,6 +95,7 @@ const BAD: &[(&str, &str, &str)] = &[
     ("--max-waiting-requests", "0", ">= 1"),
     ("--max-body-bytes", "0", ">= 1"),
     ("--stream-buffer", "0", ">= 1"),
+    ("--port", "70000", "0..=65535"),
     ("--stream-stall-timeout", "0", "> 0"),
     ("--max-tokens", "0", ">= 1"),
 ];
@@ -106,6 +107,7 @@ fn is_http_flag(flag: &str) -> bool {
             | "--max-body-bytes"
             | "--stream-buffer"
             | "--stream-stall-timeout"
+            | "--port"
     )
 }
 
