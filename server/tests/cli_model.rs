@@ -17,8 +17,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_server");
 fn tiny_model() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("cli-tiny-{}", std::process::id()));
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli-tiny");
         model_loader::tiny::write_tiny_model(&dir)
             .expect("tiny model (needs the default model: `cargo xtask fetch-model`)")
             .gguf

@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn a_client_that_stops_reading_has_its_request_aborted_and_blocks_freed() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("slow-reader-tiny-{}", std::process::id()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("slow-reader-tiny");
     let tiny = model_loader::tiny::write_tiny_model(&dir).expect("tiny model");
     let tiny = tiny.gguf.to_str().expect("utf-8 path").to_string();
     let srv = start(&[
