@@ -76,7 +76,10 @@ pub struct ValidationContext<'a> {
     pub limits: BackendLimits,
 }
 
-fn check_model(ctx: &ValidationContext<'_>, model: &Option<String>) -> Result<String, ApiError> {
+pub(crate) fn check_model(
+    ctx: &ValidationContext<'_>,
+    model: &Option<String>,
+) -> Result<String, ApiError> {
     match model {
         None => Ok(ctx.served_model_name.to_string()),
         Some(m) if m == ctx.served_model_name => Ok(m.clone()),
@@ -106,7 +109,7 @@ fn nonneg(name: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> {
     }
 }
 
-fn token_id(ctx: &ValidationContext<'_>, name: &str, id: i64) -> Result<u32, ApiError> {
+pub(crate) fn token_id(ctx: &ValidationContext<'_>, name: &str, id: i64) -> Result<u32, ApiError> {
     let vocab = ctx.tokenizer.vocab_size();
     if id < 0 || id as u64 >= vocab as u64 {
         return Err(ApiError::invalid(
@@ -311,7 +314,11 @@ fn finish(
     })
 }
 
-fn encode(ctx: &ValidationContext<'_>, text: &str, special: bool) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn encode(
+    ctx: &ValidationContext<'_>,
+    text: &str,
+    special: bool,
+) -> Result<Vec<u32>, ApiError> {
     ctx.tokenizer
         .encode(text, special)
         .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}")))
@@ -390,6 +397,40 @@ pub fn completion(
     finish(ctx, Endpoint::Completions, model, prompts, &c, params, echo)
 }
 
+/// Checks chat `messages` and renders them with the model's chat template
+/// (shared by chat completions and `/tokenize`).
+pub(crate) fn render_chat(
+    ctx: &ValidationContext<'_>,
+    messages: &[ChatMessageIn],
+    add_generation_prompt: bool,
+) -> Result<String, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
+    let mut msgs = Vec::with_capacity(messages.len());
+    for m in messages {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("unknown role {:?}", m.role),
+            ));
+        }
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            m.role.as_str()
+        };
+        msgs.push(ChatMessage::new(role, message_text(m)?));
+    }
+    let template = ctx
+        .chat_template
+        .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
+    template
+        .render(&msgs, add_generation_prompt)
+        .map_err(|e| ApiError::invalid("messages", format!("chat template failed: {e}")))
+}
+
 fn message_text(m: &ChatMessageIn) -> Result<String, ApiError> {
     match &m.content {
         None => Ok(String::new()),
@@ -411,31 +452,7 @@ fn message_text(m: &ChatMessageIn) -> Result<String, ApiError> {
 /// Validates a `/v1/chat/completions` body; applies the chat template.
 pub fn chat(ctx: &ValidationContext<'_>, r: &ChatRequest) -> Result<GenerateRequest, ApiError> {
     let model = check_model(ctx, &r.model)?;
-    if r.messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages must not be empty"));
-    }
-    const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
-    let mut msgs = Vec::with_capacity(r.messages.len());
-    for m in &r.messages {
-        if !ROLES.contains(&m.role.as_str()) {
-            return Err(ApiError::invalid(
-                "messages",
-                format!("unknown role {:?}", m.role),
-            ));
-        }
-        let role = if m.role == "developer" {
-            "system"
-        } else {
-            m.role.as_str()
-        };
-        msgs.push(ChatMessage::new(role, message_text(m)?));
-    }
-    let template = ctx
-        .chat_template
-        .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
-    let text = template
-        .render(&msgs, r.add_generation_prompt.unwrap_or(true))
-        .map_err(|e| ApiError::invalid("messages", format!("chat template failed: {e}")))?;
+    let text = render_chat(ctx, &r.messages, r.add_generation_prompt.unwrap_or(true))?;
     // The template writes BOS itself where the model wants it.
     let token_ids = encode(ctx, &text, false)?;
     let logprobs = match (r.logprobs.unwrap_or(false), r.top_logprobs) {
