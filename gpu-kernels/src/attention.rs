@@ -1,5 +1,6 @@
-//! Paged attention: decode (single pass and split-K with a reduce kernel) and
-//! prefill / chunked prefill, all reading K and V through the block table.
+//! Paged attention: the split-K reduce of decode (the decode kernels are in
+//! [`crate::decode`]) and prefill / chunked prefill, all reading K and V through the
+//! block table.
 //!
 //! KV cache layout (shared with the CPU backend): `[num_blocks, block_size,
 //! num_kv_heads, head_dim]`, so token `t` of a sequence lives in physical block
@@ -20,8 +21,8 @@
 //! Work per block O(tokens * head_dim); accumulation in `f32`.
 
 use crate::device::{
-    block_dim_x, block_idx_x, block_idx_y, block_idx_z, dynamic_shared_mem, exp_fast, grid_dim_x,
-    grid_dim_z, lane_id, sync_threads, thread_idx_x, warp_id,
+    block_dim_x, block_idx_x, block_idx_y, dynamic_shared_mem, exp_fast, grid_dim_x, lane_id,
+    sync_threads, thread_idx_x, warp_id,
 };
 use crate::reduce::{block_max, block_sum, warp_sum};
 use crate::Storage;
@@ -135,58 +136,6 @@ unsafe fn attend<T: Storage, const D: usize>(
     }
 }
 
-/// Decode attention, single pass: `out[s, h] = softmax(q[s, h] . K^T * scale) V` over the
-/// `context_lens[s]` cached tokens of sequence `s`.
-///
-/// Grid (num_heads, num_seqs); see [`crate::launch::paged_attention_v1`]. Shapes:
-/// `out`, `q`: `[num_seqs, num_heads, D]`; caches `[num_blocks, block_size,
-/// num_kv_heads, D]`; `block_tables`: `[num_seqs, max_blocks_per_seq]`;
-/// `context_lens`: `[num_seqs]`. A zero-length context yields zeros.
-///
-/// # Safety
-/// All pointers valid for those shapes; `num_heads % num_kv_heads == 0`; every block
-/// id in the first `ceil(context_len / block_size)` table entries is `< num_blocks`;
-/// dynamic shared memory of `4 * max(context_lens)` bytes; `D <= MAX_HEAD_DIM`.
-pub unsafe fn paged_attention_v1<T: Storage, const D: usize>(
-    out: *mut T,
-    q: *const T,
-    k_cache: *const T,
-    v_cache: *const T,
-    block_tables: *const u32,
-    context_lens: *const u32,
-    num_kv_heads: u32,
-    scale: f32,
-    block_size: u32,
-    max_blocks_per_seq: u32,
-) {
-    let (head, seq, num_heads) = (
-        block_idx_x() as usize,
-        block_idx_y() as usize,
-        grid_dim_x() as usize,
-    );
-    let row = (seq * num_heads + head) * D;
-    // SAFETY: per the function contract.
-    unsafe {
-        let ctx = *context_lens.add(seq) as usize;
-        let kv = KvView {
-            k_cache,
-            v_cache,
-            block_table: block_tables.add(seq * max_blocks_per_seq as usize),
-            kv_head: head / (num_heads / num_kv_heads as usize),
-            num_kv_heads: num_kv_heads as usize,
-            block_size: block_size as usize,
-        };
-        if ctx == 0 {
-            write_zeros(out.add(row), D);
-            return;
-        }
-        let o = out.add(row);
-        attend::<T, D>(q.add(row), kv, 0, ctx, scale, |d, acc, sum| {
-            *o.add(d) = T::from_f32(acc / sum)
-        });
-    }
-}
-
 #[inline(always)]
 unsafe fn write_zeros<T: Storage>(p: *mut T, n: usize) {
     let mut d = thread_idx_x() as usize;
@@ -197,69 +146,7 @@ unsafe fn write_zeros<T: Storage>(p: *mut T, n: usize) {
     }
 }
 
-/// Decode attention, split-K pass: partition `p` (grid z) covers tokens
-/// `p * partition_size .. min((p + 1) * partition_size, context_len)` and writes its
-/// normalised partial output, its max logit and its sum of exp; partitions past the
-/// context write nothing. Finish with [`paged_attention_v2_reduce`].
-///
-/// Grid (num_heads, num_seqs, max_partitions); see [`crate::launch::paged_attention_v2`].
-/// `tmp_out`: `f32[num_seqs, num_heads, max_partitions, D]`; `max_logits`, `exp_sums`:
-/// `f32[num_seqs, num_heads, max_partitions]`; other shapes as [`paged_attention_v1`].
-///
-/// # Safety
-/// As [`paged_attention_v1`], with dynamic shared memory of `4 * partition_size` bytes
-/// and `max_partitions >= ceil(max(context_lens) / partition_size)`.
-pub unsafe fn paged_attention_v2<T: Storage, const D: usize>(
-    tmp_out: *mut f32,
-    max_logits: *mut f32,
-    exp_sums: *mut f32,
-    q: *const T,
-    k_cache: *const T,
-    v_cache: *const T,
-    block_tables: *const u32,
-    context_lens: *const u32,
-    num_kv_heads: u32,
-    scale: f32,
-    block_size: u32,
-    max_blocks_per_seq: u32,
-    partition_size: u32,
-) {
-    let (head, seq, num_heads) = (
-        block_idx_x() as usize,
-        block_idx_y() as usize,
-        grid_dim_x() as usize,
-    );
-    let (part, parts) = (block_idx_z() as usize, grid_dim_z() as usize);
-    // SAFETY: per the function contract.
-    unsafe {
-        let ctx = *context_lens.add(seq) as usize;
-        let start = part * partition_size as usize;
-        if start >= ctx {
-            return;
-        }
-        let end = ctx.min(start + partition_size as usize);
-        let kv = KvView {
-            k_cache,
-            v_cache,
-            block_table: block_tables.add(seq * max_blocks_per_seq as usize),
-            kv_head: head / (num_heads / num_kv_heads as usize),
-            num_kv_heads: num_kv_heads as usize,
-            block_size: block_size as usize,
-        };
-        let slot = (seq * num_heads + head) * parts + part;
-        let o = tmp_out.add(slot * D);
-        let q = q.add((seq * num_heads + head) * D);
-        let (m, s) = attend::<T, D>(q, kv, start, end, scale, |d, acc, sum| {
-            *o.add(d) = acc / sum
-        });
-        if thread_idx_x() == 0 {
-            *max_logits.add(slot) = m;
-            *exp_sums.add(slot) = s;
-        }
-    }
-}
-
-/// Split-K reduce: combines the partitions of [`paged_attention_v2`] into
+/// Split-K reduce: combines the partitions of [`crate::decode::paged_attention_v2`] into
 /// `out[s, h] = sum_p w_p * tmp_out[s, h, p] / sum_p w_p`, with
 /// `w_p = exp_sums[p] * exp(max_logits[p] - max_p max_logits)`.
 ///
@@ -267,7 +154,7 @@ pub unsafe fn paged_attention_v2<T: Storage, const D: usize>(
 /// and reads the O(partitions) weights itself. A zero-length context yields zeros.
 ///
 /// # Safety
-/// Buffers as written by [`paged_attention_v2`] with the same `partition_size` and
+/// Buffers as written by [`crate::decode::paged_attention_v2`] with the same `partition_size` and
 /// `max_partitions`; `out` is `[num_seqs, num_heads, D]`.
 pub unsafe fn paged_attention_v2_reduce<T: Storage, const D: usize>(
     out: *mut T,
@@ -325,10 +212,10 @@ pub unsafe fn paged_attention_v2_reduce<T: Storage, const D: usize>(
 ///
 /// Grid (num_heads, num_tokens); see [`crate::launch::prefill_attention`]. `out`, `q`:
 /// `[num_tokens, num_heads, D]`; `query_start_loc`: `[num_seqs + 1]`, starting at 0 and
-/// non-decreasing; other shapes as [`paged_attention_v1`].
+/// non-decreasing; other shapes as [`crate::decode::paged_attention_v1`].
 ///
 /// # Safety
-/// As [`paged_attention_v1`], plus `q_len <= context_len` for every sequence.
+/// As [`crate::decode::paged_attention_v1`], plus `q_len <= context_len` for every sequence.
 pub unsafe fn prefill_attention<T: Storage, const D: usize>(
     out: *mut T,
     q: *const T,

@@ -124,8 +124,9 @@ macro_rules! define_kernels {
 
 define_kernels! {
     family (out: *mut T, q: *const T, k_cache: *const T, v_cache: *const T, block_tables: *const u32,
-            context_lens: *const u32, num_kv_heads: u32, scale: f32, block_size: u32, max_blocks_per_seq: u32)
-        => crate::attention::paged_attention_v1::<T, D>;
+            context_lens: *const u32, num_heads: u32, num_kv_heads: u32, scale: f32, block_size: u32,
+            max_blocks_per_seq: u32)
+        => crate::decode::paged_attention_v1::<T, D>;
     {
         paged_attention_v1_f32_h16: f32, 16; paged_attention_v1_f32_h64: f32, 64; paged_attention_v1_f32_h80: f32, 80;
         paged_attention_v1_f32_h96: f32, 96; paged_attention_v1_f32_h128: f32, 128;
@@ -138,9 +139,9 @@ define_kernels! {
         paged_attention_v1_bf16_h256: bf16, 256;
     }
     family (tmp_out: *mut f32, max_logits: *mut f32, exp_sums: *mut f32, q: *const T, k_cache: *const T,
-            v_cache: *const T, block_tables: *const u32, context_lens: *const u32, num_kv_heads: u32, scale: f32,
-            block_size: u32, max_blocks_per_seq: u32, partition_size: u32)
-        => crate::attention::paged_attention_v2::<T, D>;
+            v_cache: *const T, block_tables: *const u32, context_lens: *const u32, num_heads: u32,
+            num_kv_heads: u32, scale: f32, block_size: u32, max_blocks_per_seq: u32, partition_size: u32)
+        => crate::decode::paged_attention_v2::<T, D>;
     {
         paged_attention_v2_f32_h16: f32, 16; paged_attention_v2_f32_h64: f32, 64; paged_attention_v2_f32_h80: f32, 80;
         paged_attention_v2_f32_h96: f32, 96; paged_attention_v2_f32_h128: f32, 128;

@@ -2,9 +2,8 @@
 mod common;
 
 use common::{assert_close, poisoned, TestRng, BF16, F16, THREADS};
-use gpu_kernels::attention::{
-    paged_attention_v1, paged_attention_v2, paged_attention_v2_reduce, prefill_attention,
-};
+use gpu_kernels::attention::{paged_attention_v2_reduce, prefill_attention};
+use gpu_kernels::decode::{paged_attention_v1, paged_attention_v2};
 use gpu_kernels::device::emu::launch;
 use gpu_kernels::{launch as geom, Storage};
 
@@ -156,7 +155,8 @@ fn decode_case<T: Storage, const D: usize>(
         kv.tables.as_ptr(),
         kv.ctx.as_ptr(),
     );
-    let cfg = geom::paged_attention_v1(seqs as u32, heads as u32, max_ctx, THREADS);
+    let (h32, kvh32) = (heads as u32, kv_heads as u32);
+    let cfg = geom::decode_v1(seqs as u32, h32, kvh32, D as u32, THREADS);
     // SAFETY: buffers sized as the kernel's contract requires; they outlive the launch.
     unsafe {
         launch(cfg, || {
@@ -167,7 +167,8 @@ fn decode_case<T: Storage, const D: usize>(
                 vp,
                 bt,
                 cl,
-                kv_heads as u32,
+                h32,
+                kvh32,
                 scale,
                 block_size as u32,
                 max_blocks as u32,
@@ -189,7 +190,7 @@ fn decode_case<T: Storage, const D: usize>(
         es.as_mut_ptr(),
         out2.as_mut_ptr(),
     );
-    let cfg = geom::paged_attention_v2(seqs as u32, heads as u32, max_ctx, part, THREADS);
+    let cfg = geom::decode_v2(seqs as u32, h32, kvh32, D as u32, max_ctx, part, THREADS);
     let cfg_r = geom::paged_attention_v2_reduce(seqs as u32, heads as u32, THREADS);
     // SAFETY: as above; the reduce reads only partitions the first launch wrote.
     unsafe {
@@ -203,7 +204,8 @@ fn decode_case<T: Storage, const D: usize>(
                 vp,
                 bt,
                 cl,
-                kv_heads as u32,
+                h32,
+                kvh32,
                 scale,
                 block_size as u32,
                 max_blocks as u32,
@@ -241,6 +243,15 @@ fn decode_f16() {
 #[test]
 fn decode_bf16() {
     decode_all_heads::<BF16>("decode_bf16");
+}
+
+#[test]
+fn decode_gqa_groups() {
+    let mut r = TestRng::new("decode_gqa_groups");
+    // SmolLM2 (9:3), Llama 3 (8:1), and a group over MAX_GROUP split in two slices (12:1).
+    decode_case::<BF16, 64>(&mut r, 0, 9, 3);
+    decode_case::<BF16, 128>(&mut r, 0, 8, 1);
+    decode_case::<F16, 64>(&mut r, 0, 12, 1);
 }
 
 #[test]

@@ -85,13 +85,14 @@ impl AttnDevice {
     }
 
     /// The parameters shared by v1 and v2 after the outputs and `q`, in KERNELS order.
-    fn kv_args(&self, gpu: &Gpu) -> [(&'static str, Arg); 7] {
+    fn kv_args(&self, gpu: &Gpu) -> [(&'static str, Arg); 8] {
         let s = &self.shape;
         [
             ("k_cache", gpu.ptr(&self.k)),
             ("v_cache", gpu.ptr(&self.v)),
             ("block_tables", gpu.ptr(&self.tables)),
             ("context_lens", gpu.ptr(&self.ctx)),
+            ("num_heads", Arg::U32(s.heads as u32)),
             ("num_kv_heads", Arg::U32(s.kv_heads as u32)),
             ("scale", Arg::F32(self.scale)),
             ("block_size", Arg::U32(s.block_size as u32)),
@@ -99,19 +100,21 @@ impl AttnDevice {
     }
 
     fn launch_v1(&self, gpu: &Gpu, k: &AttnKernels) -> Result<(), GpuError> {
-        let (seqs, heads, max_ctx) = self.dims();
+        let (seqs, heads, _) = self.dims();
+        let kvh = self.shape.kv_heads as u32;
         let mut args = vec![("out", gpu.ptr(&self.out)), ("q", gpu.ptr(&self.q))];
         args.extend(self.kv_args(gpu));
         args.push((
             "max_blocks_per_seq",
             Arg::U32(self.shape.max_blocks() as u32),
         ));
-        let cfg = geom::paged_attention_v1(seqs, heads, max_ctx, geom::ATTN_THREADS);
+        let cfg = geom::decode_v1(seqs, heads, kvh, D as u32, geom::ATTN_THREADS);
         gpu.launch(&k.v1, cfg, &args)
     }
 
     fn launch_v2(&self, gpu: &Gpu, k: &AttnKernels) -> Result<(), GpuError> {
         let (seqs, heads, max_ctx) = self.dims();
+        let kvh = self.shape.kv_heads as u32;
         let (tmp, ml, es) = (
             gpu.ptr(&self.tmp),
             gpu.ptr(&self.max_logits),
@@ -129,7 +132,15 @@ impl AttnDevice {
             Arg::U32(self.shape.max_blocks() as u32),
         ));
         args.push(("partition_size", Arg::U32(PARTITION)));
-        let cfg = geom::paged_attention_v2(seqs, heads, max_ctx, PARTITION, geom::ATTN_THREADS);
+        let cfg = geom::decode_v2(
+            seqs,
+            heads,
+            kvh,
+            D as u32,
+            max_ctx,
+            PARTITION,
+            geom::ATTN_THREADS,
+        );
         gpu.launch(&k.v2, cfg, &args)?;
         let args = [
             ("out", gpu.ptr(&self.out)),
