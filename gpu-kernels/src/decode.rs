@@ -101,18 +101,20 @@ pub const fn group_split(num_heads: u32, num_kv_heads: u32) -> (u32, u32) {
 
 /// What one block attends: its sequence's block table, its KV head and query heads.
 #[derive(Clone, Copy)]
-struct Work<T> {
-    q: *const T,
-    k_cache: *const T,
-    v_cache: *const T,
-    block_table: *const u32,
-    num_kv_heads: usize,
-    kv_head: usize,
-    block_size: usize,
+pub(crate) struct Work<T> {
+    /// The sequence's (or query token's) query rows, `[num_heads, D]`.
+    pub q: *const T,
+    pub k_cache: *const T,
+    pub v_cache: *const T,
+    /// The sequence's row of the block table.
+    pub block_table: *const u32,
+    pub num_kv_heads: usize,
+    pub kv_head: usize,
+    pub block_size: usize,
     /// First query head served (global head index).
-    head0: usize,
+    pub head0: usize,
     /// Heads served (`1..=MAX_GROUP`).
-    hpb: usize,
+    pub hpb: usize,
 }
 
 /// One thread group's online-softmax state over the tokens it has seen.
@@ -188,7 +190,7 @@ fn weight(m: f32, max: f32) -> f32 {
 /// Block-uniform call; pointers valid as in [`paged_attention_v1`]; dynamic shared memory
 /// of [`crate::launch::decode_shared_bytes`]; `D <= 256`, `D * sizeof(T) % 16 == 0`.
 #[inline(always)]
-unsafe fn attend_group<T: Storage, const D: usize>(
+pub(crate) unsafe fn attend_group<T: Storage, const D: usize>(
     w: Work<T>,
     start: usize,
     end: usize,

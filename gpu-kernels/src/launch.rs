@@ -266,17 +266,20 @@ pub const fn paged_attention_v2_reduce(
     }
 }
 
-/// `prefill_attention_*`: grid (heads, query tokens); logits of the longest context.
+/// `prefill_attention_*`: grid (heads, query tokens); dynamic shared memory of
+/// [`decode_shared_bytes`] for the largest head size, independent of the context
+/// (`max_context_len` is no longer used; kept in the signature for callers).
 pub const fn prefill_attention(
     num_tokens: u32,
     num_heads: u32,
     max_context_len: u32,
     threads: u32,
 ) -> LaunchConfig {
+    let _ = max_context_len;
     LaunchConfig {
         grid: Dim3::xy(num_heads, num_tokens),
         block: Dim3::x(threads),
-        shared_mem_bytes: 4 * max_context_len,
+        shared_mem_bytes: decode_shared_bytes(crate::attention::MAX_HEAD_DIM as u32, threads),
     }
 }
 
