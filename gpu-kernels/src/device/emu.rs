@@ -347,3 +347,22 @@ pub unsafe fn ld_global_nc_v4(p: *const u32) -> [u32; 4] {
     // SAFETY: the caller guarantees 16 readable bytes.
     unsafe { p.cast::<[u32; 4]>().read_unaligned() }
 }
+
+/// A 16-byte load (`ld.global.v4.u32` on the device); unaligned on the host as
+/// [`ld_global_nc_v4`].
+///
+/// # Safety
+/// `p` is valid for 16 bytes of reads not written concurrently.
+pub unsafe fn ld_global_v4(p: *const u32) -> [u32; 4] {
+    // SAFETY: the caller guarantees 16 readable bytes.
+    unsafe { p.cast::<[u32; 4]>().read_unaligned() }
+}
+
+/// A 16-byte store (`st.global.v4.u32` on the device); unaligned on the host.
+///
+/// # Safety
+/// `p` is valid for 16 bytes of writes no other thread accesses concurrently.
+pub unsafe fn st_global_v4(p: *mut u32, w: [u32; 4]) {
+    // SAFETY: the caller guarantees 16 writable bytes.
+    unsafe { p.cast::<[u32; 4]>().write_unaligned(w) }
+}
