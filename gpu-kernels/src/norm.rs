@@ -37,7 +37,7 @@ pub unsafe fn rms_norm<T: Storage>(
     // SAFETY: per the function contract.
     unsafe {
         let x = input.add(row);
-        if n % T::VEC == 0 {
+        if n.is_multiple_of(T::VEC) {
             let (vec, nv) = (T::VEC, n / T::VEC);
             let mut ss = 0.0f32;
             let mut j = tid;
@@ -99,7 +99,7 @@ pub unsafe fn fused_add_rms_norm<T: Storage>(
     // SAFETY: per the function contract; each element is read and written by one thread.
     unsafe {
         let (x, r) = (input.add(row), residual.add(row));
-        if n % T::VEC == 0 {
+        if n.is_multiple_of(T::VEC) {
             let (vec, nv) = (T::VEC, n / T::VEC);
             let mut ss = 0.0f32;
             let mut j = tid;
