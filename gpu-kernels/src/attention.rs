@@ -85,6 +85,10 @@ pub unsafe fn paged_attention_v2_reduce<T: Storage, const D: usize>(
     }
 }
 
+/// Query rows of one sequence that one prefill block serves (each K/V vector it streams
+/// is used by all of them).
+pub const PREFILL_TILE: usize = crate::decode::MAX_GROUP;
+
 /// Prefill / chunked-prefill attention over variable-length sequences in one launch.
 ///
 /// Query tokens of all sequences are concatenated: sequence `s` owns query rows
@@ -92,16 +96,18 @@ pub unsafe fn paged_attention_v2_reduce<T: Storage, const D: usize>(
 /// row `i` of `s` sits at position `context_lens[s] - q_len + i` and attends (causal mask)
 /// to cached tokens `0..=position`, the cached prefix included. K/V of the new tokens
 /// must already be in the cache (`reshape_and_cache` first). Decode tokens of a mixed
-/// batch are sequences with one query row. One block per (head, query token); the owning
-/// sequence is found by binary search over `query_start_loc`.
+/// batch are sequences with one query row. Grid (head, query token); the owning sequence
+/// is found by binary search over `query_start_loc`, and the block of every
+/// [`PREFILL_TILE`]-th query row of a sequence serves that row and the next ones (up to
+/// `PREFILL_TILE`), the other blocks return at once.
 ///
-/// Thread mapping: the streaming kernel of [`crate::decode`] with one query head per
-/// block (16-byte K/V loads, warps over whole KV blocks, online softmax in registers,
-/// one cross-warp merge), so nothing in shared memory grows with the context: any
-/// context length runs. Cost: K/V bytes `2 * sum over query rows of (position + 1) *
-/// head_dim * sizeof(T)` per head (mostly served by L2 for neighbouring rows); FLOPs
-/// `4 * sum(position + 1) * num_heads * head_dim`. Not yet tiled: a query tile sharing
-/// each K/V tile (FlashAttention-2) and tensor cores are the next step.
+/// Thread mapping: the streaming kernel of [`crate::decode`] with the tile's query rows in
+/// place of a GQA group's heads (16-byte K/V loads, warps over whole KV blocks, online
+/// softmax in registers, causal mask per row, one cross-warp merge), so nothing in shared
+/// memory grows with the context: any context length runs. Cost: K/V bytes `2 * sum over
+/// tiles of (last position + 1) * head_dim * sizeof(T)` per head, i.e. `1 / PREFILL_TILE`
+/// of one read per query row; FLOPs `4 * sum(position + 1) * num_heads * head_dim` on CUDA
+/// cores. Not yet FlashAttention-2 with tensor cores (`mma.sync`): that is the next step.
 ///
 /// Grid (num_heads, num_tokens); see [`crate::launch::prefill_attention`]. `out`, `q`:
 /// `[num_tokens, num_heads, D]`; `query_start_loc`: `[num_seqs + 1]`, starting at 0 and
@@ -141,12 +147,20 @@ pub unsafe fn prefill_attention<T: Storage, const D: usize>(
         let seq = lo as usize;
         let q_start = *query_start_loc.add(seq);
         let q_len = *query_start_loc.add(seq + 1) - q_start;
+        let i = tok - q_start;
+        // The block of the tile's first row serves the tile; the others have nothing to do.
+        if i % PREFILL_TILE as u32 != 0 {
+            return;
+        }
+        let rows = (q_len - i).min(PREFILL_TILE as u32) as usize;
         let ctx = *context_lens.add(seq);
-        let pos = (ctx - q_len + (tok - q_start)) as usize;
+        let pos = (ctx - q_len + i) as usize;
         let kv_head = head / (num_heads / num_kv_heads as usize);
-        let row = tok as usize * num_heads * D;
+        let row = (tok as usize * num_heads + head) * D;
         let w = crate::decode::Work {
             q: q.add(row),
+            q_stride: num_heads * D,
+            causal: pos,
             k_cache,
             v_cache,
             block_table: block_tables.add(seq * max_blocks_per_seq as usize),
@@ -154,11 +168,11 @@ pub unsafe fn prefill_attention<T: Storage, const D: usize>(
             kv_head,
             block_size: block_size as usize,
             head0: head,
-            hpb: 1,
+            hpb: rows,
         };
-        let o = out.add(row + head * D);
-        crate::decode::attend_group::<T, D>(w, 0, pos + 1, scale, |_, d, v, _, _| {
-            *o.add(d) = T::from_f32(v)
+        let o = out.add(row);
+        crate::decode::attend_group::<T, D>(w, 0, pos + rows, scale, |r, d, v, _, _| {
+            *o.add(r * num_heads * D + d) = T::from_f32(v)
         });
     }
 }

@@ -102,8 +102,13 @@ pub const fn group_split(num_heads: u32, num_kv_heads: u32) -> (u32, u32) {
 /// What one block attends: its sequence's block table, its KV head and query heads.
 #[derive(Clone, Copy)]
 pub(crate) struct Work<T> {
-    /// The sequence's (or query token's) query rows, `[num_heads, D]`.
+    /// The first served query row (`D` elements).
     pub q: *const T,
+    /// Elements between consecutive served query rows (`D` for the heads of one token,
+    /// `num_heads * D` for one head of consecutive tokens).
+    pub q_stride: usize,
+    /// Causal limit: served row `r` sees tokens `t <= causal + r` (decode: no limit).
+    pub causal: usize,
     pub k_cache: *const T,
     pub v_cache: *const T,
     /// The sequence's row of the block table.
@@ -113,9 +118,12 @@ pub(crate) struct Work<T> {
     pub block_size: usize,
     /// First query head served (global head index).
     pub head0: usize,
-    /// Heads served (`1..=MAX_GROUP`).
+    /// Query rows served (`1..=MAX_GROUP`): heads of a GQA group, or tokens of a tile.
     pub hpb: usize,
 }
+
+/// [`Work::causal`] for decode: every row sees the whole range.
+pub(crate) const NO_CAUSAL_LIMIT: usize = usize::MAX / 2;
 
 /// One thread group's online-softmax state over the tokens it has seen.
 struct State {
@@ -211,7 +219,7 @@ pub(crate) unsafe fn attend_group<T: Storage, const D: usize>(
     unsafe {
         let mut i = tid;
         while i < w.hpb * D {
-            *qs.add(i) = (*w.q.add(w.head0 * D + i)).to_f32() * scale;
+            *qs.add(i) = (*w.q.add((i / D) * w.q_stride + i % D)).to_f32() * scale;
             i += threads;
         }
         sync_threads();
@@ -321,8 +329,9 @@ unsafe fn chunk<T: Storage, const D: usize>(
                 }
             }
             if valid[s] {
+                let t = block_start + (step0 + s) * geo.tpi + grp;
                 for (h, &dot) in dots.iter().enumerate() {
-                    if h < w.hpb {
+                    if h < w.hpb && t <= w.causal + h {
                         st.push(h, dot, &vf, geo.npl * geo.vec);
                     }
                 }
@@ -395,7 +404,7 @@ unsafe fn merge_warps<const D: usize>(
 
 /// The block's work: KV head, first query head and head count from grid x.
 #[inline(always)]
-unsafe fn work<T>(
+unsafe fn work<T, const D: usize>(
     q: *const T,
     k_cache: *const T,
     v_cache: *const T,
@@ -409,15 +418,19 @@ unsafe fn work<T>(
     let bx = block_idx_x();
     let (kv_head, slice) = ((bx / slices) as usize, (bx % slices) as usize);
     let first = slice * hpb as usize;
+    let head0 = kv_head * group + first;
     Work {
-        q,
+        // SAFETY: the caller's `q` holds the token's `num_heads` rows.
+        q: unsafe { q.add(head0 * D) },
+        q_stride: D,
+        causal: NO_CAUSAL_LIMIT,
         k_cache,
         v_cache,
         block_table,
         num_kv_heads: num_kv_heads as usize,
         kv_head,
         block_size: block_size as usize,
-        head0: kv_head * group + first,
+        head0,
         hpb: (hpb as usize).min(group - first),
     }
 }
@@ -455,7 +468,7 @@ pub unsafe fn paged_attention_v1<T: Storage, const D: usize>(
     unsafe {
         let q = q.add(seq * num_heads as usize * D);
         let table = block_tables.add(seq * max_blocks_per_seq as usize);
-        let w = work(
+        let w = work::<T, D>(
             q,
             k_cache,
             v_cache,
@@ -522,7 +535,7 @@ pub unsafe fn paged_attention_v2<T: Storage, const D: usize>(
         let end = ctx.min(start + partition_size as usize);
         let q = q.add(seq * num_heads as usize * D);
         let table = block_tables.add(seq * max_blocks_per_seq as usize);
-        let w = work(
+        let w = work::<T, D>(
             q,
             k_cache,
             v_cache,

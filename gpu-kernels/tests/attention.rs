@@ -268,10 +268,12 @@ fn prefill_case<T: Storage, const D: usize>(name: &str) {
     let (heads, kv_heads, max_blocks) = (2usize, 1usize, 40usize.div_ceil(bs).max(2));
     let max = bs * max_blocks;
     // (context, new query tokens): plain prefill, chunked prefill over a cached prefix
-    // ending at a block boundary, a chunk reaching the maximum length, a decode-like 1.
+    // ending at a block boundary, a chunk reaching the maximum length, a decode-like 1;
+    // the second spans several query tiles.
     let prefix = bs * r.range(1, max_blocks - 1);
     let shapes = [
         (r.range(1, 6), 0usize),
+        (r.range(9, 30), 0usize),
         (prefix + r.range(1, 4), prefix),
         (max, max - r.range(1, 4)),
         (1, 0),
