@@ -149,7 +149,7 @@ pub unsafe fn prefill_attention<T: Storage, const D: usize>(
         let q_len = *query_start_loc.add(seq + 1) - q_start;
         let i = tok - q_start;
         // The block of the tile's first row serves the tile; the others have nothing to do.
-        if i % PREFILL_TILE as u32 != 0 {
+        if !i.is_multiple_of(PREFILL_TILE as u32) {
             return;
         }
         let rows = (q_len - i).min(PREFILL_TILE as u32) as usize;
