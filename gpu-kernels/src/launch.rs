@@ -57,7 +57,9 @@ pub const ROW_THREADS: u32 = 256;
 
 /// Dynamic shared memory of the decode kernels ([`crate::decode`]): one partial
 /// softmax state per warp (`MAX_GROUP * head_dim + 2 * MAX_GROUP` floats). 33 KB at
-/// head 256 and 4 warps; nothing depends on the context length.
+/// head 256 and 4 warps ([`ATTN_THREADS`]); nothing depends on the context length. Past
+/// 48 KB (8 warps at head 256) a CUDA launch needs the function's
+/// `MAX_DYNAMIC_SHARED_SIZE_BYTES` attribute raised first.
 pub const fn decode_shared_bytes(head_dim: u32, threads: u32) -> u32 {
     let g = crate::decode::MAX_GROUP as u32;
     (threads / 32) * (g * head_dim + 2 * g) * 4

@@ -1,7 +1,7 @@
 //! RMSNorm and fused residual-add + RMSNorm (Llama).
 //!
 //! Thread mapping: one block per row (grid x); when `hidden * sizeof(T)` is a multiple of
-//! 16 bytes thread `i` handles the 16-byte vectors `i, i + threads, ...` of the row
+//! 16 bytes and the row's pointers are 16-byte aligned (checked per row), thread `i` handles the 16-byte vectors `i, i + threads, ...` of the row
 //! (`ld.global.v4` / `st.global.v4`, 8 bf16/f16 or 4 f32 per access), otherwise elements
 //! `i, i + threads, ...`. The sum of squares is a block reduction (warp shuffles, then
 //! `f32[32]` static shared memory). Two passes over the row (the second re-reads from L1/L2).
@@ -22,8 +22,7 @@ use crate::Storage;
 /// `out[r] = input[r] / sqrt(mean(input[r]^2) + eps) * weight`, computed in `f32`.
 ///
 /// # Safety
-/// `out`, `input`: `[rows, hidden]`, not aliased; `weight`: `[hidden]`; grid x = rows; on
-/// the device, base pointers 16-byte aligned (the vector path).
+/// `out`, `input`: `[rows, hidden]`, not aliased; `weight`: `[hidden]`; grid x = rows.
 pub unsafe fn rms_norm<T: Storage>(
     out: *mut T,
     input: *const T,
@@ -37,7 +36,7 @@ pub unsafe fn rms_norm<T: Storage>(
     // SAFETY: per the function contract.
     unsafe {
         let x = input.add(row);
-        if n.is_multiple_of(T::VEC) {
+        if n.is_multiple_of(T::VEC) && aligned16(&[x as usize, out as usize, weight as usize]) {
             let (vec, nv) = (T::VEC, n / T::VEC);
             let mut ss = 0.0f32;
             let mut j = tid;
@@ -84,8 +83,7 @@ pub unsafe fn rms_norm<T: Storage>(
 /// `input[r] = rms_norm(residual[r]) * weight`, as vLLM's `fused_add_rms_norm`.
 ///
 /// # Safety
-/// `input`, `residual`: `[rows, hidden]`, not aliased; `weight`: `[hidden]`; grid x = rows;
-/// on the device, base pointers 16-byte aligned (the vector path).
+/// `input`, `residual`: `[rows, hidden]`, not aliased; `weight`: `[hidden]`; grid x = rows.
 pub unsafe fn fused_add_rms_norm<T: Storage>(
     input: *mut T,
     residual: *mut T,
@@ -99,7 +97,7 @@ pub unsafe fn fused_add_rms_norm<T: Storage>(
     // SAFETY: per the function contract; each element is read and written by one thread.
     unsafe {
         let (x, r) = (input.add(row), residual.add(row));
-        if n.is_multiple_of(T::VEC) {
+        if n.is_multiple_of(T::VEC) && aligned16(&[x as usize, r as usize, weight as usize]) {
             let (vec, nv) = (T::VEC, n / T::VEC);
             let mut ss = 0.0f32;
             let mut j = tid;
@@ -149,4 +147,11 @@ pub unsafe fn fused_add_rms_norm<T: Storage>(
             i += threads;
         }
     }
+}
+
+/// Whether every address is 16-byte aligned (the vector path's requirement; otherwise the
+/// scalar path runs).
+#[inline(always)]
+fn aligned16(addrs: &[usize]) -> bool {
+    addrs.iter().all(|a| a % 16 == 0)
 }
