@@ -332,6 +332,12 @@ pub fn bench(gpu: &Gpu, r: &mut BenchRng) -> Result<(), GpuError> {
     for (label, shape) in shapes {
         bench_decode(gpu, r, label, shape, sm, copy)?;
     }
+    println!("prefill attention (causal, whole prompt as the query), 32/8 heads, bf16:");
+    for (seqs, ctx) in [(4usize, 2048u32), (1, 8192)] {
+        for d in [64usize, 128] {
+            bench_prefill(gpu, r, seqs, ctx, d)?;
+        }
+    }
     bench_rows(gpu, r, copy)
 }
 
@@ -382,6 +388,77 @@ fn bench_decode(
         check_close(&format!("{name} at {label}"), r.seed, &got, &want)?;
         report(&format!("  {name}"), ms, bytes, copy);
     }
+    Ok(())
+}
+
+/// Prefill of `seqs` prompts of `ctx` tokens each (32 query / 8 KV heads, head `d`), in
+/// TFLOP/s (`4 * heads * d * sum(position + 1)`), spot-checked on three query rows.
+fn bench_prefill(
+    gpu: &Gpu,
+    r: &mut BenchRng,
+    seqs: usize,
+    ctx: u32,
+    d: usize,
+) -> Result<(), GpuError> {
+    let (heads, kv_heads) = (32usize, 8usize);
+    let shape = DecodeShape {
+        ctx: vec![ctx; seqs],
+        heads,
+        kv_heads,
+        block_size: 16,
+        d,
+    };
+    let p = DecodeProblem::random(r, shape);
+    let tokens = seqs * ctx as usize;
+    let q = r.vec(tokens * heads * d, -1.0, 1.0);
+    let qsl: Vec<u32> = (0..=seqs as u32).map(|i| i * ctx).collect();
+    let kernel = gpu.kernel(&format!("prefill_attention_bf16_h{d}"))?;
+    let (qd, kd, vd) = (gpu.upload(&q)?, gpu.upload(&p.k)?, gpu.upload(&p.v)?);
+    let (td, cd, sd) = (
+        gpu.upload(&p.tables)?,
+        gpu.upload(&p.shape.ctx)?,
+        gpu.upload(&qsl)?,
+    );
+    let od = gpu.upload(&poisoned(q.len()))?;
+    let args = [
+        ("out", gpu.ptr(&od)),
+        ("q", gpu.ptr(&qd)),
+        ("k_cache", gpu.ptr(&kd)),
+        ("v_cache", gpu.ptr(&vd)),
+        ("block_tables", gpu.ptr(&td)),
+        ("context_lens", gpu.ptr(&cd)),
+        ("query_start_loc", gpu.ptr(&sd)),
+        ("num_seqs", Arg::U32(seqs as u32)),
+        ("num_kv_heads", Arg::U32(kv_heads as u32)),
+        ("scale", Arg::F32(p.scale)),
+        ("block_size", Arg::U32(16)),
+        ("max_blocks_per_seq", Arg::U32(p.shape.max_blocks() as u32)),
+    ];
+    let cfg = geom::prefill_attention(tokens as u32, heads as u32, ctx, geom::ATTN_THREADS);
+    let ms = gpu.time(1, 5, || gpu.launch(&kernel, cfg, &args))?;
+    let out = gpu.download(&od)?;
+    // (token, head): the first row, a row in the middle of the last prompt, the last row.
+    let checks = [
+        (0usize, 0usize),
+        (tokens - ctx as usize / 2, 5),
+        (tokens - 1, heads - 1),
+    ];
+    let mut got = Vec::new();
+    let mut want = Vec::new();
+    for (t, h) in checks {
+        let (s, pos) = (t / ctx as usize, t % ctx as usize);
+        let row = &q[(t * heads + h) * d..][..d];
+        want.extend(p.reference_prefix(row, s, h / (heads / kv_heads), pos + 1));
+        got.extend_from_slice(&out[(t * heads + h) * d..][..d]);
+    }
+    check_close(&format!("prefill {seqs}x{ctx} h{d}"), r.seed, &got, &want)?;
+    let rows_sum = seqs as f64 * ctx as f64 * (ctx as f64 + 1.0) / 2.0;
+    let flops = 4.0 * (heads * d) as f64 * rows_sum;
+    println!(
+        "  prefill_attention_bf16_h{d} {seqs}x{ctx}: {:>9.1} us  {:>7.2} TFLOP/s",
+        ms * 1e3,
+        flops / (ms * 1e-3) / 1e12
+    );
     Ok(())
 }
 

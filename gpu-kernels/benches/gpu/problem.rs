@@ -230,6 +230,12 @@ impl DecodeProblem {
         out
     }
 
+    /// f64 softmax attention of query row `q` over tokens `0..len` of sequence `s`, KV
+    /// head `kvh` (a causal prefill row at position `len - 1`).
+    pub fn reference_prefix(&self, q: &[bf16], s: usize, kvh: usize, len: usize) -> Vec<f64> {
+        self.attend(q, s, kvh, len)
+    }
+
     fn attend(&self, q: &[bf16], s: usize, kvh: usize, len: usize) -> Vec<f64> {
         let d = self.shape.d;
         if len == 0 {
