@@ -192,8 +192,10 @@ pub enum DecodePlan {
     },
 }
 
-/// Resident decode blocks per SM the planner counts on (about 40 KB of registers each).
-pub const DECODE_BLOCKS_PER_SM: u32 = 3;
+/// Resident decode blocks per SM the planner counts on: ptxas gives the decode entries
+/// 175-186 registers per thread (sm_90), so a 128-thread block holds about 23K of the
+/// SM's 64K registers and two fit.
+pub const DECODE_BLOCKS_PER_SM: u32 = 2;
 /// Smallest split-K partition, tokens: below it the reduce and the per-block setup
 /// (query staging, warp merge) stop being small next to the streamed K/V.
 pub const MIN_PARTITION: u32 = 256;
