@@ -31,6 +31,7 @@ extern crate std;
 
 pub mod attention;
 pub mod cache;
+pub mod decode;
 pub mod device;
 pub mod elementwise;
 pub mod entries;
