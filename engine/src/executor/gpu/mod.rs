@@ -4,6 +4,8 @@
 //! - [`device`]: the [`Device`] trait (memory, copies, launches by name, GEMM).
 //! - [`emu`]: [`EmuDevice`], the device on the host emulator (always built;
 //!   tests the orchestration everywhere).
+//! - [`counting`]: [`CountingDevice`], records launches and copies and
+//!   computes nothing (the host-side benchmark `benches/gpu_host.rs`).
 //! - `cuda` (feature `cuda`): `CudaDevice` on cudarc with dynamic loading,
 //!   the PTX from `cargo xtask build-ptx`, cuBLAS GEMMs.
 //! - [`weights`]: weights converted to the executor's dtype and uploaded once.
@@ -19,6 +21,7 @@
 //! pass that needs them (the swap stream is fenced before compute).
 
 pub mod blocks;
+pub mod counting;
 pub mod device;
 pub mod emu;
 pub mod forward;
@@ -27,6 +30,7 @@ pub mod weights;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
+pub use counting::{Counters, CountersHandle, CountingDevice};
 pub use device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
 pub use emu::EmuDevice;
 
