@@ -14,9 +14,9 @@
 
 use super::device::{DType, DevBuf, DevPtr, Device, HostBuf, ThreadsFor};
 use super::GpuError;
+use crate::executor::KvGeometry;
 use crate::executor::{BlockOps, ExecError};
 use crate::kv::{BlockCopy, BlockId};
-use crate::model::KvGeometry;
 use gpu_kernels::{launch as geom, KernelArg};
 
 /// Device and host KV pools.

@@ -184,9 +184,16 @@ impl Device for EmuDevice {
         } else {
             vec![0.0; g.m * g.n]
         };
-        // The CPU backend's GEMM on the widened values: f32 accumulation, as cuBLAS's
-        // CUBLAS_COMPUTE_32F (the summation order differs, as it would on a GPU).
-        crate::model::linear::matmul_wt(&a, g.m, &b, g.n, g.k, &mut c, g.accumulate);
+        // A plain GEMM on the widened values with f32 accumulation, as cuBLAS's
+        // CUBLAS_COMPUTE_32F (the summation order differs from the CPU
+        // backend's, as it would on a GPU).
+        for (i, c_row) in c.chunks_exact_mut(g.n).enumerate() {
+            let a_row = &a[i * g.k..(i + 1) * g.k];
+            for (j, out) in c_row.iter_mut().enumerate() {
+                let b_row = &b[j * g.k..(j + 1) * g.k];
+                *out += a_row.iter().zip(b_row).map(|(x, y)| x * y).sum::<f32>();
+            }
+        }
         let bytes = g.c_type.encode(&c);
         self.region(g.c, bytes.len())?.copy_from_slice(&bytes);
         Ok(())

@@ -1,5 +1,6 @@
 //! One forward pass on a [`Device`], mirroring the CPU model
-//! (`crate::model::llama`) operation for operation:
+//! (`crate::model::llama`, which this module does not import) operation for
+//! operation:
 //!
 //! ```text
 //! x = embedding(ids)                                   (residual stream, dtype T)
@@ -21,9 +22,9 @@ use super::blocks::KvPools;
 use super::device::{DType, DevBuf, DevPtr, Device, Gemm, ThreadsFor};
 use super::weights::DeviceWeights;
 use super::{GpuError, SUPPORTED_HEAD_DIMS};
+use crate::executor::HostWeights;
 use crate::executor::{ForwardBatch, Logits, SeqSpan};
 use crate::kv::BlockId;
-use crate::model::LlamaModel;
 use gpu_kernels::{launch as geom, KernelArg, LaunchConfig};
 
 /// Split-K partition size of decode attention (vLLM's).
@@ -46,9 +47,9 @@ pub struct Dims {
 }
 
 impl Dims {
-    /// The dimensions of `model`, refusing head sizes without attention entry points.
-    pub fn of(model: &LlamaModel) -> Result<Self, GpuError> {
-        let c = model.config();
+    /// The dimensions of `w`, refusing head sizes without attention entry points.
+    pub fn of(w: &HostWeights<'_>) -> Result<Self, GpuError> {
+        let c = w.config;
         if !SUPPORTED_HEAD_DIMS.contains(&c.head_dim) {
             return Err(GpuError::Unsupported(format!(
                 "head_dim {} (the attention kernels are built for {SUPPORTED_HEAD_DIMS:?})",
@@ -64,7 +65,7 @@ impl Dims {
             vocab: c.vocab_size,
             layers: c.num_hidden_layers,
             eps: c.rms_norm_eps,
-            max_positions: model.weights().rope.max_positions(),
+            max_positions: w.max_positions,
         })
     }
 
@@ -95,6 +96,8 @@ pub struct Scratch {
     split_out: Option<DevBuf>,
     split_max: Option<DevBuf>,
     split_sum: Option<DevBuf>,
+    /// `u32` zeros, one per token: the row ids that broadcast a bias row.
+    zeros: Option<DevBuf>,
 }
 
 impl Scratch {
@@ -116,6 +119,7 @@ impl Scratch {
             self.split_out,
             self.split_max,
             self.split_sum,
+            self.zeros,
         ];
         all.into_iter().flatten().try_for_each(|b| dev.free(b))
     }
@@ -429,6 +433,13 @@ fn layer(
     let (h, hd, qd, kvd, sz) = (d.hidden, d.head_dim, d.q_dim(), d.kv_dim(), l.t.size());
     let lw = &w.layers[li];
     let (kc, vc) = (kv.layer_ptr(li, 0), kv.layer_ptr(li, 1));
+    // Qwen2's q/k/v biases: the bias row is broadcast into q, k and v (a
+    // gather with every row id 0; the buffer is zeroed at allocation and never
+    // written), then the projections accumulate onto it.
+    let bias = match &lw.qkv_bias {
+        Some(b) => Some((b.ptr, ensure(l.dev, &mut s.zeros, 4 * n)?)),
+        None => None,
+    };
     let rows = l.rows(n);
     let rotary = [
         m.positions.arg(),
@@ -459,14 +470,20 @@ fn layer(
     // `# Safety` sections describe is in bounds.
     unsafe {
         l.rms_norm(d, a.h, a.x, lw.attn_norm.ptr, n)?;
-        l.gemm((n, qd, h), a.h, lw.qkv.ptr, a.q, false)?;
-        l.gemm((n, kvd, h), a.h, lw.qkv.ptr.offset(qd * h * sz), a.k, false)?;
+        if let Some((b, zeros)) = bias {
+            l.gather(a.q, zeros, b, n, qd)?;
+            l.gather(a.k, zeros, b.offset(qd * sz), n, kvd)?;
+            l.gather(a.v, zeros, b.offset((qd + kvd) * sz), n, kvd)?;
+        }
+        let acc = bias.is_some();
+        l.gemm((n, qd, h), a.h, lw.qkv.ptr, a.q, acc)?;
+        l.gemm((n, kvd, h), a.h, lw.qkv.ptr.offset(qd * h * sz), a.k, acc)?;
         l.gemm(
             (n, kvd, h),
             a.h,
             lw.qkv.ptr.offset((qd + kvd) * h * sz),
             a.v,
-            false,
+            acc,
         )?;
         l.run("rotary_embedding", None, rows, &rotary)?;
         l.run("reshape_and_cache", None, rows, &cache)?;

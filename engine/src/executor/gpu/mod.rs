@@ -34,8 +34,7 @@ pub use counting::{Counters, CountersHandle, CountingDevice};
 pub use device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
 pub use emu::EmuDevice;
 
-use super::{BlockOps, ExecError, Executor, ForwardBatch, Logits};
-use crate::model::LlamaModel;
+use super::{BlockOps, ExecError, Executor, ForwardBatch, HostModel, KvGeometry, Logits};
 use blocks::KvPools;
 use forward::{Dims, Scratch};
 use thiserror::Error;
@@ -108,13 +107,19 @@ pub struct GpuExecutor<D: Device> {
 impl<D: Device> GpuExecutor<D> {
     /// Uploads `model` to `dev` and sizes the KV pools. The caller may drop
     /// `model` afterwards (the device holds its own copy).
-    pub fn new(mut dev: D, model: &LlamaModel, opts: GpuOptions) -> Result<Self, GpuError> {
-        let dims = Dims::of(model)?;
+    pub fn new<M: HostModel + ?Sized>(
+        mut dev: D,
+        model: &M,
+        opts: GpuOptions,
+    ) -> Result<Self, GpuError> {
+        let host = model.host_weights();
+        let dims = Dims::of(&host)?;
         if opts.block_size == 0 {
             return Err(GpuError::Unsupported("block_size must be positive".into()));
         }
-        let weights = DeviceWeights::upload(&mut dev, model, opts.dtype)?;
-        let geom = |blocks| model.kv_geometry(blocks, opts.block_size);
+        let weights = DeviceWeights::upload(&mut dev, &host, opts.dtype)?;
+        let config = host.config;
+        let geom = |blocks| KvGeometry::for_model(config, blocks, opts.block_size);
         let (gpu_blocks, cpu_blocks) = match opts.kv {
             KvSizing::Blocks { gpu, cpu } => (gpu, cpu),
             KvSizing::Utilization {
@@ -191,7 +196,7 @@ fn profile_free_bytes<D: Device>(
     weights: &DeviceWeights,
     opts: GpuOptions,
     tokens: usize,
-    geom: impl Fn(usize) -> crate::model::KvGeometry,
+    geom: impl Fn(usize) -> KvGeometry,
 ) -> Result<(usize, usize), GpuError> {
     let tokens = tokens.max(1);
     let blocks = tokens.div_ceil(opts.block_size);
@@ -246,7 +251,7 @@ impl<D: Device> Executor for GpuExecutor<D> {
                 data: Vec::new(),
             });
         }
-        crate::model::batch::validate(
+        super::validate_batch(
             batch,
             &self.kv.geometry(),
             self.dims.vocab,
