@@ -8,14 +8,13 @@
 //! Invariants: allocations get distinct, 256-byte aligned fake addresses that
 //! are never dereferenced; uploads are counted and dropped; downloads leave
 //! the destination as it is (the caller's bytes, usually zeros); every other
-//! call only counts. Launch names are still checked against
-//! `gpu_kernels::KERNELS`, so a step that would launch an unknown kernel on
-//! CUDA fails here too.
+//! call only counts. Kernel names are still checked against
+//! `gpu_kernels::KERNELS` when resolved, so an executor that would resolve an
+//! unknown kernel on CUDA fails here too.
 //!
-//! Cost: O(1) per call (a hash-set name check per launch, as cheap as the
-//! CUDA device's own lookup).
+//! Cost: O(1) per call.
 
-use super::device::{DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
+use super::device::{DevBuf, DevPtr, Device, Gemm, HostBuf, Kernel, ThreadsFor};
 use super::GpuError;
 use gpu_kernels::{KernelArg, LaunchConfig};
 
@@ -68,7 +67,6 @@ impl Counters {
 
 /// A device that counts and computes nothing. See the module docs.
 pub struct CountingDevice {
-    known: std::collections::HashSet<&'static str>,
     counters: std::sync::Arc<std::sync::Mutex<Counters>>,
     next_addr: u64,
     next_slot: usize,
@@ -79,7 +77,6 @@ impl CountingDevice {
     /// A device reporting `total_bytes` of memory, all of it free.
     pub fn new(total_bytes: usize) -> Self {
         Self {
-            known: gpu_kernels::KERNELS.iter().map(|k| k.name).collect(),
             counters: Default::default(),
             next_addr: 1 << 32,
             next_slot: 0,
@@ -205,15 +202,16 @@ impl Device for CountingDevice {
         Ok(())
     }
 
+    fn kernel(&mut self, name: &str) -> Result<Kernel, GpuError> {
+        Kernel::find(name)
+    }
+
     unsafe fn launch(
         &mut self,
-        kernel: &str,
+        _kernel: Kernel,
         _cfg: LaunchConfig,
         _args: &[KernelArg],
     ) -> Result<(), GpuError> {
-        if !self.known.contains(kernel) {
-            return Err(GpuError::Device(format!("unknown kernel {kernel}")));
-        }
         self.count(|c| c.launches += 1);
         Ok(())
     }

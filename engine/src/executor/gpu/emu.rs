@@ -8,7 +8,7 @@
 //! arguments, launch geometry, block copies, swap) is tested on every machine;
 //! it is far too slow to serve with (one OS thread per emulated GPU thread).
 
-use super::device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
+use super::device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, Kernel, ThreadsFor};
 use super::GpuError;
 use gpu_kernels::{KernelArg, LaunchConfig};
 
@@ -163,17 +163,22 @@ impl Device for EmuDevice {
         Ok(())
     }
 
+    fn kernel(&mut self, name: &str) -> Result<Kernel, GpuError> {
+        Kernel::find(name)
+    }
+
     unsafe fn launch(
         &mut self,
-        kernel: &str,
+        kernel: Kernel,
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<(), GpuError> {
         self.launches += 1;
+        let name = kernel.name;
         // SAFETY: forwarded from the caller: every pointer argument addresses
         // one of this device's live host allocations, sized for the launch.
-        unsafe { gpu_kernels::entries::emulate(kernel, cfg, args) }
-            .map_err(|e| GpuError::Device(format!("emulator launch of {kernel}: {e:?}")))
+        unsafe { gpu_kernels::entries::emulate(name, cfg, args) }
+            .map_err(|e| GpuError::Device(format!("emulator launch of {name}: {e:?}")))
     }
 
     unsafe fn gemm(&mut self, g: &Gemm) -> Result<(), GpuError> {

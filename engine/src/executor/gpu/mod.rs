@@ -8,6 +8,8 @@
 //!   computes nothing (the host-side benchmark `benches/gpu_host.rs`).
 //! - `cuda` (feature `cuda`): `CudaDevice` on cudarc with dynamic loading,
 //!   the PTX from `cargo xtask build-ptx`, cuBLAS GEMMs.
+//! - [`cublas_path`]: finding cuBLAS 12 or 13 (wheel folders included) before
+//!   cudarc's bare-name `dlopen`.
 //! - [`weights`]: weights converted to the executor's dtype and uploaded once.
 //! - [`forward`]: one step's forward pass (metadata upload, per-layer kernels).
 //! - [`blocks`]: the KV pools and the block operations (swap out, swap in,
@@ -22,6 +24,7 @@
 
 pub mod blocks;
 pub mod counting;
+pub mod cublas_path;
 pub mod device;
 pub mod emu;
 pub mod forward;
@@ -36,7 +39,7 @@ pub use emu::EmuDevice;
 
 use super::{BlockOps, ExecError, Executor, ForwardBatch, HostModel, KvGeometry, Logits};
 use blocks::KvPools;
-use forward::{Dims, Scratch};
+use forward::{Dims, Kernels, Scratch};
 use thiserror::Error;
 use weights::DeviceWeights;
 
@@ -102,6 +105,7 @@ pub struct GpuExecutor<D: Device> {
     weights: DeviceWeights,
     kv: KvPools,
     scratch: Scratch,
+    kernels: Kernels,
 }
 
 impl<D: Device> GpuExecutor<D> {
@@ -118,6 +122,7 @@ impl<D: Device> GpuExecutor<D> {
             return Err(GpuError::Unsupported("block_size must be positive".into()));
         }
         let weights = DeviceWeights::upload(&mut dev, &host, opts.dtype)?;
+        let kernels = Kernels::resolve(&mut dev, opts.dtype, dims.head_dim)?;
         let config = host.config;
         let geom = |blocks| KvGeometry::for_model(config, blocks, opts.block_size);
         let (gpu_blocks, cpu_blocks) = match opts.kv {
@@ -130,6 +135,7 @@ impl<D: Device> GpuExecutor<D> {
                 let per_block = KvPools::bytes_per_block(&geom(1), opts.dtype);
                 let profiled = profile_free_bytes(
                     &mut dev,
+                    &kernels,
                     dims,
                     &weights,
                     opts,
@@ -160,6 +166,7 @@ impl<D: Device> GpuExecutor<D> {
             weights,
             kv,
             scratch: Scratch::default(),
+            kernels,
         })
     }
 
@@ -190,8 +197,10 @@ impl<D: Device> GpuExecutor<D> {
 /// Free device bytes after a forward pass of `tokens` tokens on a temporary
 /// pool just big enough for it (weights, workspace and library workspaces are
 /// then all allocated, as vLLM's profile run does).
+#[allow(clippy::too_many_arguments)]
 fn profile_free_bytes<D: Device>(
     dev: &mut D,
+    kernels: &Kernels,
     dims: Dims,
     weights: &DeviceWeights,
     opts: GpuOptions,
@@ -203,7 +212,16 @@ fn profile_free_bytes<D: Device>(
     let pool = KvPools::new(dev, geom(blocks), 0, opts.dtype)?;
     let batch = forward::profile_batch(tokens, opts.block_size);
     let mut scratch = Scratch::default();
-    let run = forward::run(dev, dims, opts.dtype, weights, &pool, &mut scratch, &batch);
+    let run = forward::run(
+        dev,
+        kernels,
+        dims,
+        opts.dtype,
+        weights,
+        &pool,
+        &mut scratch,
+        &batch,
+    );
     let info = dev.mem_info();
     scratch.release(dev)?;
     pool.release(dev)?;
@@ -259,6 +277,7 @@ impl<D: Device> Executor for GpuExecutor<D> {
         )?;
         Ok(forward::run(
             &mut self.dev,
+            &self.kernels,
             self.dims,
             self.dtype,
             &self.weights,
