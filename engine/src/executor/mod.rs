@@ -16,8 +16,8 @@ pub use cpu::CpuExecutor;
 pub use select::{build_executor, BuiltExecutor, DeviceKind, ExecutorRequest};
 
 pub use types::{
-    validate_batch, BlockOps, ExecError, ForwardBatch, HostLayer, HostModel, HostWeights,
-    KvGeometry, Logits, SeqSpan,
+    validate_batch, BlockOps, ExecError, ForwardBatch, GreedyRow, HostLayer, HostModel,
+    HostWeights, KvGeometry, Logits, SeqSpan,
 };
 
 /// What the engine loop needs from a device.
@@ -25,6 +25,20 @@ pub trait Executor: Send {
     /// Runs the block operations, then the forward pass, and returns logits
     /// for `batch.logits_rows`.
     fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError>;
+
+    /// Runs the step like [`Executor::execute`] but returns only each logits
+    /// row's greedy choice, reduced where the logits are (on a GPU: 12 bytes
+    /// per row leave the device instead of `vocab` floats). For steps whose
+    /// every row is plain greedy (no penalties, logprobs, suppression or
+    /// prompt rows). `Ok(None)`: this executor has no such path and ran
+    /// nothing; call `execute`.
+    fn execute_greedy(
+        &mut self,
+        _ops: &BlockOps,
+        _batch: &ForwardBatch,
+    ) -> Result<Option<Vec<GreedyRow>>, ExecError> {
+        Ok(None)
+    }
 
     /// Vocabulary size of the loaded model.
     fn vocab_size(&self) -> usize;

@@ -83,6 +83,15 @@ impl Logits {
     }
 }
 
+/// One logits row reduced to its greedy choice on the device: the argmax
+/// (lowest id on ties, NaN never wins) and its log-softmax value, exactly as
+/// the CPU sampler's greedy path defines them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GreedyRow {
+    pub token: u32,
+    pub logprob: f32,
+}
+
 /// Errors of an executor.
 #[derive(Debug, Error)]
 pub enum ExecError {

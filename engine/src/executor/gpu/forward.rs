@@ -24,7 +24,7 @@ use super::device::{DType, DevBuf, DevPtr, Device, Gemm, Kernel, ThreadsFor};
 use super::weights::DeviceWeights;
 use super::{GpuError, SUPPORTED_HEAD_DIMS};
 use crate::executor::HostWeights;
-use crate::executor::{ForwardBatch, Logits, SeqSpan};
+use crate::executor::{ForwardBatch, GreedyRow, Logits, SeqSpan};
 use crate::kv::BlockId;
 use gpu_kernels::{launch as geom, KernelArg, LaunchConfig};
 
@@ -93,6 +93,7 @@ pub struct Kernels {
     paged_v2: Kernel,
     paged_v2_reduce: Kernel,
     prefill: Kernel,
+    greedy_rows: Kernel,
 }
 
 impl Kernels {
@@ -118,6 +119,7 @@ impl Kernels {
             paged_v2: head("paged_attention_v2")?,
             paged_v2_reduce: head("paged_attention_v2_reduce")?,
             prefill: head("prefill_attention")?,
+            greedy_rows: dev.kernel("greedy_rows_f32")?,
         })
     }
 }
@@ -146,6 +148,9 @@ pub struct Scratch {
     /// once it has grown to the largest batch).
     host_words: Vec<u32>,
     host_bytes: Vec<u8>,
+    /// `f32[rows, 3]` of the greedy reduction (device) and its host copy.
+    greedy: Option<DevBuf>,
+    greedy_host: Vec<u8>,
 }
 
 impl Scratch {
@@ -168,6 +173,7 @@ impl Scratch {
             self.split_max,
             self.split_sum,
             self.zeros,
+            self.greedy,
         ];
         all.into_iter().flatten().try_for_each(|b| dev.free(b))
     }
@@ -400,6 +406,21 @@ impl Launcher<'_> {
     }
 }
 
+/// What a step hands back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// The logits rows (`rows x vocab` f32 downloaded).
+    Logits,
+    /// Each row's greedy choice (`rows x 12` bytes downloaded).
+    Greedy,
+}
+
+/// A step's result, as asked by [`Output`].
+pub enum StepOut {
+    Logits(Logits),
+    Greedy(Vec<GreedyRow>),
+}
+
 /// Runs the forward pass of a validated `batch` and returns its logits rows.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
@@ -412,6 +433,27 @@ pub fn run(
     s: &mut Scratch,
     batch: &ForwardBatch,
 ) -> Result<Logits, GpuError> {
+    match run_to(dev, k, d, t, w, kv, s, batch, Output::Logits)? {
+        StepOut::Logits(l) => Ok(l),
+        StepOut::Greedy(_) => Err(GpuError::Device(
+            "greedy rows where logits were asked".into(),
+        )),
+    }
+}
+
+/// Runs the forward pass of a validated `batch` and returns `out`.
+#[allow(clippy::too_many_arguments)]
+pub fn run_to(
+    dev: &mut dyn Device,
+    k: &Kernels,
+    d: Dims,
+    t: DType,
+    w: &DeviceWeights,
+    kv: &KvPools,
+    s: &mut Scratch,
+    batch: &ForwardBatch,
+    out: Output,
+) -> Result<StepOut, GpuError> {
     let n = batch.token_ids.len();
     let m = upload_meta(dev, s, batch, kv.geometry().block_size)?;
     let a = activations(dev, s, d, n, t)?;
@@ -425,10 +467,13 @@ pub fn run(
     }
     let r = batch.logits_rows.len();
     if r == 0 {
-        return Ok(Logits {
-            rows: 0,
-            vocab: d.vocab,
-            data: Vec::new(),
+        return Ok(match out {
+            Output::Logits => StepOut::Logits(Logits {
+                rows: 0,
+                vocab: d.vocab,
+                data: Vec::new(),
+            }),
+            Output::Greedy => StepOut::Greedy(Vec::new()),
         });
     }
     let sz = t.size();
@@ -455,6 +500,9 @@ pub fn run(
         l.rms_norm(&d, normed, rows, w.final_norm.ptr, r)?;
         l.dev.gemm(&g)?;
     }
+    if out == Output::Greedy {
+        return greedy(l.dev, k, s, logits, r, d.vocab).map(StepOut::Greedy);
+    }
     // Straight into the f32 rows (one allocation, no decode pass).
     let mut data = vec![0f32; r * d.vocab];
     l.dev.download(logits, f32_bytes(&mut data))?;
@@ -462,11 +510,52 @@ pub fn run(
         data.iter_mut()
             .for_each(|v| *v = f32::from_bits(u32::from_le(v.to_bits())));
     }
-    Ok(Logits {
+    Ok(StepOut::Logits(Logits {
         rows: r,
         vocab: d.vocab,
         data,
-    })
+    }))
+}
+
+/// Reduces `r` logits rows on the device to `(argmax, max, sum exp)` and
+/// downloads those 12 bytes per row. The argmax's logit is `max` and
+/// logsumexp is `max + ln(sum)`, so its logprob is `-ln(sum)` (the CPU
+/// sampler's definition). One launch, one download (the step's one wait).
+fn greedy(
+    dev: &mut dyn Device,
+    k: &Kernels,
+    s: &mut Scratch,
+    logits: DevPtr,
+    r: usize,
+    vocab: usize,
+) -> Result<Vec<GreedyRow>, GpuError> {
+    let buf = ensure(dev, &mut s.greedy, r * 12)?;
+    let cfg = geom::per_row(r as u32, dev.threads(ThreadsFor::Rows));
+    let args = [buf.arg(), logits.arg(), u(vocab)];
+    // SAFETY: `logits` holds `r` rows of `vocab` f32 (written by the LM-head
+    // GEMM above); `buf` holds `r * 3` f32; one block per row.
+    unsafe { dev.launch(k.greedy_rows, cfg, &args) }?;
+    s.greedy_host.resize(r * 12, 0);
+    dev.download(buf, &mut s.greedy_host)?;
+    Ok(s.greedy_host
+        .chunks_exact(12)
+        .map(|c| {
+            let f = |i: usize| f32::from_le_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
+            let (idx, sum) = (f(0), f(8));
+            if idx < 0.0 {
+                // Only NaN in the row: the CPU sampler's answer.
+                GreedyRow {
+                    token: 0,
+                    logprob: f32::NAN,
+                }
+            } else {
+                GreedyRow {
+                    token: idx as u32,
+                    logprob: -sum.ln(),
+                }
+            }
+        })
+        .collect())
 }
 
 /// The bytes of `v` (the device's little-endian f32s land in them).

@@ -37,7 +37,9 @@ pub use counting::{Counters, CountersHandle, CountingDevice};
 pub use device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
 pub use emu::EmuDevice;
 
-use super::{BlockOps, ExecError, Executor, ForwardBatch, HostModel, KvGeometry, Logits};
+use super::{
+    BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, HostModel, KvGeometry, Logits,
+};
 use blocks::KvPools;
 use forward::{Dims, Kernels, Scratch};
 use thiserror::Error;
@@ -259,14 +261,23 @@ fn blocks_for_fraction(
     Ok(blocks)
 }
 
-impl<D: Device> Executor for GpuExecutor<D> {
-    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
+impl<D: Device> GpuExecutor<D> {
+    /// Block operations, validation, then the forward pass returning `out`.
+    fn step(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        out: forward::Output,
+    ) -> Result<forward::StepOut, ExecError> {
         self.kv.apply(&mut self.dev, ops)?;
         if batch.token_ids.is_empty() && batch.logits_rows.is_empty() {
-            return Ok(Logits {
-                rows: 0,
-                vocab: self.dims.vocab,
-                data: Vec::new(),
+            return Ok(match out {
+                forward::Output::Logits => forward::StepOut::Logits(Logits {
+                    rows: 0,
+                    vocab: self.dims.vocab,
+                    data: Vec::new(),
+                }),
+                forward::Output::Greedy => forward::StepOut::Greedy(Vec::new()),
             });
         }
         super::validate_batch(
@@ -275,7 +286,7 @@ impl<D: Device> Executor for GpuExecutor<D> {
             self.dims.vocab,
             self.dims.max_positions,
         )?;
-        Ok(forward::run(
+        Ok(forward::run_to(
             &mut self.dev,
             &self.kernels,
             self.dims,
@@ -284,7 +295,32 @@ impl<D: Device> Executor for GpuExecutor<D> {
             &self.kv,
             &mut self.scratch,
             batch,
+            out,
         )?)
+    }
+}
+
+impl<D: Device> Executor for GpuExecutor<D> {
+    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
+        match self.step(ops, batch, forward::Output::Logits)? {
+            forward::StepOut::Logits(l) => Ok(l),
+            forward::StepOut::Greedy(_) => Err(ExecError::Device(
+                "greedy rows where logits were asked".into(),
+            )),
+        }
+    }
+
+    fn execute_greedy(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+    ) -> Result<Option<Vec<GreedyRow>>, ExecError> {
+        match self.step(ops, batch, forward::Output::Greedy)? {
+            forward::StepOut::Greedy(rows) => Ok(Some(rows)),
+            forward::StepOut::Logits(_) => Err(ExecError::Device(
+                "logits where greedy rows were asked".into(),
+            )),
+        }
     }
 
     fn vocab_size(&self) -> usize {

@@ -478,3 +478,89 @@ fn utilization_sizing_follows_vllms_formula() {
     ));
     assert!(blocks_for_fraction((70 * gib, 80 * gib), 1.5, gib).is_err());
 }
+
+#[test]
+fn greedy_rows_on_the_device_equal_the_cpu_sampler() {
+    use crate::sampler::Sampler;
+    let (mut cpu, mut gpu) = pair(64, DType::F32);
+    let v = config(64).vocab_size;
+    let (ta, tb) = (table(8, 1), table(8, 2));
+    let (a, b) = (ids(9, 1, v), ids(13, 2, v));
+    let b = batch(&[
+        Part {
+            ids: &a,
+            past: 0,
+            table: &ta,
+            want: &[0, 4, 8],
+        },
+        Part {
+            ids: &b,
+            past: 0,
+            table: &tb,
+            want: &[12],
+        },
+    ]);
+    let none = BlockOps::default();
+    let logits = cpu.execute(&none, &b).expect("cpu step");
+    let rows = gpu
+        .execute_greedy(&none, &b)
+        .expect("gpu step")
+        .expect("the GPU executor reduces greedy rows");
+    assert_eq!(rows.len(), 4);
+    for (i, r) in rows.iter().enumerate() {
+        let want = Sampler.greedy(logits.row(i));
+        assert_eq!(r.token, want.token, "row {i}");
+        assert!(
+            (r.logprob - want.logprob).abs() < 1e-3,
+            "row {i}: logprob {} vs {}",
+            r.logprob,
+            want.logprob
+        );
+    }
+    // The CPU executor has no device path: it says so and runs nothing.
+    assert!(cpu.execute_greedy(&none, &b).expect("cpu").is_none());
+}
+
+#[test]
+fn a_greedy_step_downloads_twelve_bytes_per_row_not_the_vocabulary() {
+    use super::CountingDevice;
+    let c = config(64);
+    let model = LlamaModel::new(c.clone(), random_weights(&c, 3)).expect("model");
+    let opts = GpuOptions {
+        dtype: DType::Bf16,
+        block_size: BS,
+        kv: KvSizing::Blocks {
+            gpu: BLOCKS,
+            cpu: 0,
+        },
+    };
+    let dev = CountingDevice::new(1 << 30);
+    let counters = dev.counters();
+    let mut gpu = GpuExecutor::new(dev, &model, opts).expect("gpu executor");
+    let parts: Vec<(Vec<u32>, Vec<BlockId>)> = (0..5)
+        .map(|s| (vec![(s * 7) as u32 + 1], table(2, s as u32)))
+        .collect();
+    let b = batch(
+        &parts
+            .iter()
+            .map(|(ids, t)| Part {
+                ids,
+                past: 4,
+                table: t,
+                want: &[0],
+            })
+            .collect::<Vec<_>>(),
+    );
+    let none = BlockOps::default();
+    let before = counters.get();
+    gpu.execute_greedy(&none, &b).expect("greedy step");
+    let greedy = counters.get().since(&before);
+    assert_eq!((greedy.downloads, greedy.download_bytes), (1, 5 * 12));
+    let before = counters.get();
+    gpu.execute(&none, &b).expect("logits step");
+    let full = counters.get().since(&before);
+    assert_eq!(full.download_bytes, (5 * c.vocab_size * 4) as u64);
+    // The greedy step is the logits step plus one reduction launch.
+    assert_eq!(greedy.launches, full.launches + 1);
+    assert_eq!(greedy.gemms, full.gemms);
+}
