@@ -30,6 +30,10 @@ use gpu_kernels::{check_args, KernelArg, KernelSig, LaunchConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// Page-locked staging for small uploads (a 256-sequence step's metadata is
+/// about 75 KB).
+const STAGING_BYTES: usize = 4 << 20;
+
 fn drv(e: impl std::fmt::Debug) -> GpuError {
     GpuError::Device(format!("{e:?}"))
 }
@@ -75,6 +79,10 @@ pub struct CudaDevice {
     host: Vec<Option<Pinned>>,
     /// The swap stream must wait for compute issued since the last swap copy.
     swap_stale: bool,
+    /// Page-locked staging of small uploads (see [`CudaDevice::upload`]);
+    /// bytes `..staged` are in flight until the next compute synchronization.
+    staging: Option<Pinned>,
+    staged: usize,
     describe: String,
     max_shared: usize,
 }
@@ -126,6 +134,8 @@ impl CudaDevice {
             mem: Vec::new(),
             host: Vec::new(),
             swap_stale: true,
+            staging: None,
+            staged: 0,
             // The attention kernels' static shared memory is about 1.2 KB.
             max_shared: optin.saturating_sub(2048),
         })
@@ -268,22 +278,73 @@ impl Device for CudaDevice {
         })
     }
 
+    /// Small uploads (a step's metadata) are copied into a page-locked staging
+    /// buffer and sent asynchronously on the compute stream, no host wait;
+    /// the buffer is bump-allocated and reclaimed at the next compute
+    /// synchronization (the step's download), or by a synchronization here
+    /// when full. Large uploads (weights at load) stay synchronous.
     fn upload(&mut self, dst: DevPtr, src: &[u8]) -> Result<(), GpuError> {
         self.bind()?;
-        // SAFETY: `dst` addresses a live allocation of at least `src.len()`
-        // bytes (callers' contract); the copy is complete before `src` can move
-        // because the stream is synchronized before returning.
-        unsafe { result::memcpy_htod_async(dst.0, src, self.compute.cu_stream()) }.map_err(drv)?;
-        self.compute.synchronize().map_err(drv)?;
         self.swap_stale = true;
+        let n = src.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if n > STAGING_BYTES / 4 {
+            // SAFETY: `dst` addresses a live allocation of at least `n` bytes
+            // (callers' contract); the stream is synchronized before `src`
+            // can move.
+            unsafe { result::memcpy_htod_async(dst.0, src, self.compute.cu_stream()) }
+                .map_err(drv)?;
+            self.compute.synchronize().map_err(drv)?;
+            self.staged = 0;
+            return Ok(());
+        }
+        if self.staging.is_none() {
+            // SAFETY: page-locked allocation of STAGING_BYTES bytes.
+            let ptr = unsafe { result::malloc_host(STAGING_BYTES, 0) }.map_err(|e| {
+                GpuError::OutOfMemory(format!("{STAGING_BYTES} bytes of pinned staging: {e:?}"))
+            })? as *mut u8;
+            self.staging = Some(Pinned {
+                ptr,
+                bytes: STAGING_BYTES,
+            });
+        }
+        let start = self.staged.next_multiple_of(256);
+        let start = if start + n > STAGING_BYTES {
+            // Full: wait until every staged copy has landed, then reuse.
+            self.compute.synchronize().map_err(drv)?;
+            0
+        } else {
+            start
+        };
+        let Some(stage) = self.staging.as_ref() else {
+            return Err(GpuError::Device("staging buffer vanished".into()));
+        };
+        // SAFETY: `[start, start + n)` lies inside the page-locked buffer and
+        // no copy in flight reads it (bytes before `start` may be in flight;
+        // everything was reclaimed only after a synchronization).
+        let staged = unsafe {
+            let p = stage.ptr.add(start);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), p, n);
+            std::slice::from_raw_parts(p, n)
+        };
+        // SAFETY: `dst` addresses a live allocation of at least `n` bytes;
+        // `staged` stays untouched until the stream passes this copy.
+        unsafe { result::memcpy_htod_async(dst.0, staged, self.compute.cu_stream()) }
+            .map_err(drv)?;
+        self.staged = start + n;
         Ok(())
     }
 
     fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError> {
         self.bind()?;
-        // SAFETY: as `upload`, in the other direction.
+        // SAFETY: `src` addresses at least `dst.len()` device bytes (callers'
+        // contract); the stream is synchronized before `dst` can move.
         unsafe { result::memcpy_dtoh_async(dst, src.0, self.compute.cu_stream()) }.map_err(drv)?;
-        self.compute.synchronize().map_err(drv)
+        self.compute.synchronize().map_err(drv)?;
+        self.staged = 0;
+        Ok(())
     }
 
     fn copy_to_host(
@@ -430,6 +491,7 @@ impl Device for CudaDevice {
 
     fn synchronize(&mut self) -> Result<(), GpuError> {
         self.compute.synchronize().map_err(drv)?;
+        self.staged = 0;
         self.swap.synchronize().map_err(drv)
     }
 }
@@ -443,7 +505,7 @@ impl Drop for CudaDevice {
             // SAFETY: from `malloc_sync`; all work finished above.
             let _ = unsafe { result::free_sync(ptr) };
         }
-        for p in self.host.drain(..).flatten() {
+        for p in self.host.drain(..).flatten().chain(self.staging.take()) {
             // SAFETY: from `malloc_host`; all copies finished above.
             let _ = unsafe { result::free_host(p.ptr.cast()) };
         }
