@@ -212,4 +212,6 @@ define_kernels! {
     { silu_and_mul_f32: f32, 0; silu_and_mul_f16: f16, 0; silu_and_mul_bf16: bf16, 0; }
     family (out: *mut T, ids: *const u32, table: *const T, hidden: u32) => crate::elementwise::embedding::<T>;
     { embedding_f32: f32, 0; embedding_f16: f16, 0; embedding_bf16: bf16, 0; }
+    family (out: *mut f32, logits: *const T, vocab: u32) => crate::sampling::greedy_rows::<T>;
+    { greedy_rows_f32: f32, 0; }
 }

@@ -38,6 +38,7 @@ pub mod entries;
 pub mod launch;
 pub mod norm;
 mod reduce;
+pub mod sampling;
 pub mod sig;
 mod storage;
 
