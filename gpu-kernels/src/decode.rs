@@ -8,7 +8,7 @@
 //!
 //! Thread mapping. One thread block per (KV head group slice, sequence, partition):
 //! grid `(num_kv_heads * slices, num_seqs, partitions)` (see
-//! [`crate::launch::paged_attention_v1`] / [`crate::launch::paged_attention_v2`]). A block
+//! [`crate::launch::decode_v1`] / [`crate::launch::decode_v2`]). A block
 //! serves `hpb <= MAX_GROUP` query heads of one KV head (the whole GQA group when it has
 //! at most 8 heads: SmolLM2 3, Llama 3 8), so each K/V vector is read from memory once for
 //! all of them. Inside the block:
@@ -439,7 +439,7 @@ unsafe fn work<T, const D: usize>(
 /// `context_lens[s]` cached tokens of sequence `s`, for the query heads of the block's
 /// KV group slice (see the module docs for the mapping).
 ///
-/// Grid `(num_kv_heads * slices, num_seqs)` from [`crate::launch::paged_attention_v1`].
+/// Grid `(num_kv_heads * slices, num_seqs)` from [`crate::launch::decode_v1`].
 /// Shapes: `out`, `q`: `[num_seqs, num_heads, D]`; caches `[num_blocks, block_size,
 /// num_kv_heads, D]`; `block_tables`: `[num_seqs, max_blocks_per_seq]`; `context_lens`:
 /// `[num_seqs]`. A zero-length context yields zeros. Any context length runs (nothing in
@@ -500,7 +500,7 @@ pub unsafe fn paged_attention_v1<T: Storage, const D: usize>(
 /// [`crate::attention::paged_attention_v2_reduce`].
 ///
 /// Grid `(num_kv_heads * slices, num_seqs, max_partitions)` from
-/// [`crate::launch::paged_attention_v2`]. `tmp_out`: `f32[num_seqs, num_heads,
+/// [`crate::launch::decode_v2`]. `tmp_out`: `f32[num_seqs, num_heads,
 /// max_partitions, D]`; `max_logits`, `exp_sums`: `f32[num_seqs, num_heads,
 /// max_partitions]`; other shapes as [`paged_attention_v1`].
 ///

@@ -113,43 +113,6 @@ pub const fn decode_v2(
     }
 }
 
-/// Superseded: the geometry of the decode kernels before they served a whole GQA group
-/// per block (grid (heads, seqs), logits in shared memory). The current
-/// `paged_attention_v1_*` entries take `num_heads` and need [`decode_v1`] (or
-/// [`plan_decode`]); launching them with this geometry and the old argument list is
-/// refused by [`crate::check_args`]. Kept so callers still build until they move over.
-pub const fn paged_attention_v1(
-    num_seqs: u32,
-    num_heads: u32,
-    max_context_len: u32,
-    threads: u32,
-) -> LaunchConfig {
-    LaunchConfig {
-        grid: Dim3::xy(num_heads, num_seqs),
-        block: Dim3::x(threads),
-        shared_mem_bytes: 4 * max_context_len,
-    }
-}
-
-/// Superseded, as [`paged_attention_v1`]: use [`decode_v2`] (or [`plan_decode`]).
-pub const fn paged_attention_v2(
-    num_seqs: u32,
-    num_heads: u32,
-    max_context_len: u32,
-    partition_size: u32,
-    threads: u32,
-) -> LaunchConfig {
-    LaunchConfig {
-        grid: Dim3::xyz(
-            num_heads,
-            num_seqs,
-            num_partitions(max_context_len, partition_size),
-        ),
-        block: Dim3::x(threads),
-        shared_mem_bytes: 4 * partition_size,
-    }
-}
-
 /// A decode batch as the planner sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeShape {

@@ -125,6 +125,11 @@ impl Device for CountingDevice {
         227 * 1024
     }
 
+    fn sm_count(&self) -> u32 {
+        // An H200, the machine the host benchmark stands in for.
+        132
+    }
+
     fn mem_info(&self) -> Option<(usize, usize)> {
         Some((self.total_bytes, self.total_bytes))
     }

@@ -85,6 +85,8 @@ pub struct CudaDevice {
     staged: usize,
     describe: String,
     max_shared: usize,
+    /// Streaming multiprocessors (the decode planner's input).
+    sm_count: u32,
 }
 
 // SAFETY: the raw host pointers are page-locked allocations owned by this
@@ -122,6 +124,10 @@ impl CudaDevice {
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .map_err(drv)? as usize;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv)?
+            .max(1) as u32;
         let name = ctx.name().map_err(drv)?;
         Ok(Self {
             describe: format!("{name} ({arch}, {})", path.display()),
@@ -138,6 +144,7 @@ impl CudaDevice {
             staged: 0,
             // The attention kernels' static shared memory is about 1.2 KB.
             max_shared: optin.saturating_sub(2048),
+            sm_count,
         })
     }
 
@@ -227,6 +234,10 @@ impl Device for CudaDevice {
 
     fn max_shared_bytes(&self) -> usize {
         self.max_shared
+    }
+
+    fn sm_count(&self) -> u32 {
+        self.sm_count
     }
 
     fn mem_info(&self) -> Option<(usize, usize)> {

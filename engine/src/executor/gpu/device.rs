@@ -171,6 +171,10 @@ pub trait Device: Send {
     /// Most dynamic shared memory one block may use, in bytes.
     fn max_shared_bytes(&self) -> usize;
 
+    /// Streaming multiprocessors, for the decode planner
+    /// (`gpu_kernels::launch::plan_decode`): 132 on an H200.
+    fn sm_count(&self) -> u32;
+
     /// `(free, total)` device memory in bytes, where the device can tell.
     fn mem_info(&self) -> Option<(usize, usize)>;
 

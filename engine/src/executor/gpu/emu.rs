@@ -91,6 +91,12 @@ impl Device for EmuDevice {
         227 * 1024
     }
 
+    fn sm_count(&self) -> u32 {
+        // A small device, so that the planner's split-K path runs in the
+        // emulated tests as often as the single pass.
+        4
+    }
+
     fn mem_info(&self) -> Option<(usize, usize)> {
         None
     }

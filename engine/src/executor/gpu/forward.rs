@@ -28,11 +28,6 @@ use crate::executor::{ForwardBatch, GreedyRow, Logits, SeqSpan};
 use crate::kv::BlockId;
 use gpu_kernels::{launch as geom, KernelArg, LaunchConfig};
 
-/// Split-K partition size of decode attention (vLLM's).
-const PARTITION: usize = 512;
-/// Longest context decode attention runs single-pass for (vLLM's rule).
-const V1_MAX_CONTEXT: usize = 8192;
-
 /// The model dimensions the forward pass needs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Dims {
@@ -212,6 +207,8 @@ struct Meta {
     /// Columns of `tables`.
     max_blocks: usize,
     max_context: usize,
+    /// Sum of the context lengths (the decode planner's ragged-batch input).
+    total_context: usize,
     all_decode: bool,
 }
 
@@ -265,6 +262,7 @@ fn upload_meta(
         rows: at(3 * n + 2 * s + 1 + s * max_blocks),
         max_blocks,
         max_context: seqs.iter().map(|s| s.context_len).max().unwrap_or(0),
+        total_context: seqs.iter().map(|s| s.context_len).sum(),
         all_decode: seqs.iter().all(|s| s.query_len == 1),
     })
 }
@@ -683,44 +681,54 @@ unsafe fn attention(
     let scale = KernelArg::F32(1.0 / (hd as f32).sqrt());
     let threads = l.dev.threads(ThreadsFor::Attention);
     let common = [kc.arg(), vc.arg(), m.tables.arg(), m.context_lens.arg()];
-    let partitions = m.max_context.div_ceil(PARTITION).max(1);
     if m.all_decode {
-        let single = m.max_context <= V1_MAX_CONTEXT && (partitions == 1 || seqs * d.heads > 512);
-        if single {
-            let cfg = geom::paged_attention_v1(
-                seqs as u32,
-                d.heads as u32,
-                m.max_context as u32,
-                threads,
-            );
-            let [kc, vc, tables, lens] = common;
-            let args = [
-                out.arg(),
-                q.arg(),
-                kc,
-                vc,
-                tables,
-                lens,
-                u(d.kv_heads),
-                scale,
-                u(bs),
-                u(m.max_blocks),
-            ];
-            // SAFETY: forwarded to the caller; shared memory sized for the longest context.
-            return unsafe { l.run(l.k.paged_v1, cfg, &args) };
-        }
-        let slots = seqs * d.heads * partitions;
+        let plan = geom::plan_decode(geom::DecodeShape {
+            num_seqs: seqs as u32,
+            num_heads: d.heads as u32,
+            num_kv_heads: d.kv_heads as u32,
+            head_dim: hd as u32,
+            max_context_len: m.max_context as u32,
+            total_context_len: m.total_context as u64,
+            block_size: bs as u32,
+            sm_count: l.dev.sm_count(),
+            threads,
+        });
+        let [kc, vc, tables, lens] = common;
+        let (cfg, reduce, partition_size, max_partitions) = match plan {
+            geom::DecodePlan::V1(cfg) => {
+                let args = [
+                    out.arg(),
+                    q.arg(),
+                    kc,
+                    vc,
+                    tables,
+                    lens,
+                    u(d.heads),
+                    u(d.kv_heads),
+                    scale,
+                    u(bs),
+                    u(m.max_blocks),
+                ];
+                // SAFETY: forwarded to the caller; the plan's geometry and
+                // shared memory are the kernel's (no context-length limit).
+                return unsafe { l.run(l.k.paged_v1, cfg, &args) };
+            }
+            geom::DecodePlan::V2 {
+                attention,
+                reduce,
+                partition_size,
+                max_partitions,
+            } => (
+                attention,
+                reduce,
+                partition_size as usize,
+                max_partitions as usize,
+            ),
+        };
+        let slots = seqs * d.heads * max_partitions;
         let tmp = ensure(l.dev, &mut s.split_out, slots * hd * 4)?;
         let maxl = ensure(l.dev, &mut s.split_max, slots * 4)?;
         let sums = ensure(l.dev, &mut s.split_sum, slots * 4)?;
-        let cfg = geom::paged_attention_v2(
-            seqs as u32,
-            d.heads as u32,
-            m.max_context as u32,
-            PARTITION as u32,
-            threads,
-        );
-        let [kc, vc, tables, lens] = common;
         let args = [
             tmp.arg(),
             maxl.arg(),
@@ -730,35 +738,27 @@ unsafe fn attention(
             vc,
             tables,
             lens,
+            u(d.heads),
             u(d.kv_heads),
             scale,
             u(bs),
             u(m.max_blocks),
-            u(PARTITION),
+            u(partition_size),
         ];
-        // SAFETY: forwarded; scratch sized for `partitions` partitions per (seq, head).
+        // SAFETY: forwarded; scratch sized for `max_partitions` partitions per
+        // (seq, head), as the plan's grid writes.
         unsafe { l.run(l.k.paged_v2, cfg, &args) }?;
-        let cfg = geom::paged_attention_v2_reduce(seqs as u32, d.heads as u32, threads);
         let args = [
             out.arg(),
             tmp.arg(),
             maxl.arg(),
             sums.arg(),
             m.context_lens.arg(),
-            u(PARTITION),
-            u(partitions),
+            u(partition_size),
+            u(max_partitions),
         ];
         // SAFETY: as above, reading what v2 wrote.
-        return unsafe { l.run(l.k.paged_v2_reduce, cfg, &args) };
-    }
-    let limit = l.dev.max_shared_bytes();
-    if 4 * m.max_context > limit {
-        return Err(GpuError::Unsupported(format!(
-            "prefill attention keeps a context's logits in shared memory: a context of {} tokens \
-             is over this device's limit of {} tokens",
-            m.max_context,
-            limit / 4
-        )));
+        return unsafe { l.run(l.k.paged_v2_reduce, reduce, &args) };
     }
     let cfg = geom::prefill_attention(n as u32, d.heads as u32, m.max_context as u32, threads);
     let [kc, vc, tables, lens] = common;
