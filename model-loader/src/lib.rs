@@ -23,10 +23,10 @@ pub mod weights;
 use std::path::Path;
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use config::{Architecture, Gemma3Params, ModelConfig, RopeScaling};
 pub use error::LoaderError;
 pub use tokenizer::Tokenizer;
-pub use weights::{LayerWeights, ModelWeights, Tensor};
+pub use weights::{GemmaNorms, LayerWeights, ModelWeights, Tensor};
 
 /// Which on-disk layout a model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

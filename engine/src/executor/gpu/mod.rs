@@ -105,6 +105,11 @@ impl<D: Device> GpuExecutor<D> {
     /// Uploads `model` to `dev` and sizes the KV pools. The caller may drop
     /// `model` afterwards (the device holds its own copy).
     pub fn new(mut dev: D, model: &LlamaModel, opts: GpuOptions) -> Result<Self, GpuError> {
+        if let model_loader::Architecture::Gemma3(_) = model.config().architecture {
+            return Err(GpuError::Unsupported(
+                "the gemma3 architecture (sliding window, q/k norms, post-norms) is not implemented on the GPU executor; use --device cpu".into(),
+            ));
+        }
         let dims = Dims::of(model)?;
         if opts.block_size == 0 {
             return Err(GpuError::Unsupported("block_size must be positive".into()));
