@@ -15,6 +15,7 @@ pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
 pub mod paths;
+pub mod quant;
 pub mod safetensors_io;
 pub mod tiny;
 pub mod tokenizer;
