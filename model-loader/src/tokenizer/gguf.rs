@@ -11,7 +11,10 @@
 //! - `smollm`: digits split one by one, then the GPT-2 regex, byte-level.
 //! - `gpt2`: the GPT-2 regex, byte-level.
 //! - `llama-bpe`: the Llama-3 regex (digits in groups of up to 3), `ignore_merges`.
-//! - `qwen2`: the Qwen2 regex (single digits), NFC normalization.
+//! - `qwen2`: the Qwen2 regex (single digits). No NFC normalization: the
+//!   GGUF carries no normalizer, and llama.cpp and transformers (loading the
+//!   GGUF) both tokenize the text as given (Qwen's own `tokenizer.json` does
+//!   NFC; an HF model directory keeps it).
 //!
 //! Complexity: O(vocab + merges) to build the JSON.
 
@@ -274,7 +277,7 @@ fn pre_tokenizer(pre: &str) -> Result<(Value, Value, bool)> {
             true,
         ),
         "qwen2" => (
-            json!({"type": "NFC"}),
+            Value::Null,
             json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false)]}),
             false,
         ),
