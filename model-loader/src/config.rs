@@ -104,10 +104,14 @@ impl ModelConfig {
         }
         if let Architecture::Gemma3(g) = self.architecture {
             if g.sliding_window == 0 || g.global_every == 0 {
-                return bad("gemma3 sliding_window and global layer period must be positive".into());
+                return bad(
+                    "gemma3 sliding_window and global layer period must be positive".into(),
+                );
             }
             if !(g.rope_local_theta > 0.0 && g.query_pre_attn_scalar > 0.0) {
-                return bad("gemma3 local rope base and query_pre_attn_scalar must be positive".into());
+                return bad(
+                    "gemma3 local rope base and query_pre_attn_scalar must be positive".into(),
+                );
             }
         }
         Ok(())

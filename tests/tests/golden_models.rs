@@ -60,7 +60,10 @@ fn check_tokenizer(tok: &Tokenizer, fixture: &str) {
         let plain = tok.encode(&c.text, false).expect("encode");
         let special = tok.encode(&c.text, true).expect("encode");
         if plain != c.ids {
-            failures.push(format!("{:?}: ids {plain:?}, reference {:?}", c.text, c.ids));
+            failures.push(format!(
+                "{:?}: ids {plain:?}, reference {:?}",
+                c.text, c.ids
+            ));
         }
         if special != c.ids_with_special {
             failures.push(format!(

@@ -182,7 +182,8 @@ fn attend_task(
     let kv_head = task.head / (num_heads / geom.num_kv_heads);
     let past = span.context_len - span.query_len;
     // Address of key/value `j`'s head inside the layer's pool.
-    let at = |j: usize| span.block_table[j / bs].0 as usize * bs * te + (j % bs) * te + kv_head * hd;
+    let at =
+        |j: usize| span.block_table[j / bs].0 as usize * bs * te + (j % bs) * te + kv_head * hd;
     for i in task.q_begin..task.q_end {
         let row = task.first_row + i;
         let n_keys = past + i + 1;

@@ -230,9 +230,8 @@ impl LlamaModel {
         };
         let final_norm = take(weights.final_norm, "final_norm", &[h])?;
         let rope = RopeTables::new(hd, c.rope_theta, c.rope_scaling, c.max_position_embeddings);
-        let rope_local = gemma.map(|g| {
-            RopeTables::new(hd, g.rope_local_theta, None, c.max_position_embeddings)
-        });
+        let rope_local =
+            gemma.map(|g| RopeTables::new(hd, g.rope_local_theta, None, c.max_position_embeddings));
         let embed_scale = gemma.map(|_| (h as f32).sqrt());
         Ok(Self {
             config,
@@ -364,7 +363,13 @@ impl LlamaModel {
                 None => layer.o.forward(&attn, n, &mut x, true),
                 Some(g) => {
                     layer.o.forward(&attn, n, &mut branch, false);
-                    add_normed(&branch, &g.post_attn_norm, c.rms_norm_eps, &mut hbuf, &mut x);
+                    add_normed(
+                        &branch,
+                        &g.post_attn_norm,
+                        c.rms_norm_eps,
+                        &mut hbuf,
+                        &mut x,
+                    );
                 }
             }
             rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps, &mut hbuf);

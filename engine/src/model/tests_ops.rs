@@ -302,7 +302,12 @@ fn sliding_window_attention_equals_masked_naive() {
             scale: 0.37,
             window: Some(w),
         };
-        check_paged_attention_with(&[(5, 5), (1, 23), (7, 40), (1, 1), (20, 20)], 4, seed, params);
+        check_paged_attention_with(
+            &[(5, 5), (1, 23), (7, 40), (1, 1), (20, 20)],
+            4,
+            seed,
+            params,
+        );
     }
 }
 
@@ -313,7 +318,7 @@ fn gelu_tanh_matches_pytorch() {
     let want = [
         -0.003_637_392,
         -0.158_808,
-        -0.154_285_99,
+        -0.154_286,
         0.0,
         0.185_370_92,
         0.841_192,
@@ -340,7 +345,11 @@ fn rms_norm_in_place_normalizes_each_head() {
     for head in x.chunks(hd) {
         let ms: f64 = head.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / hd as f64;
         let inv = 1.0 / (ms + 1e-6).sqrt();
-        want.extend(head.iter().zip(&w).map(|(v, w)| (*v as f64 * inv * *w as f64) as f32));
+        want.extend(
+            head.iter()
+                .zip(&w)
+                .map(|(v, w)| (*v as f64 * inv * *w as f64) as f32),
+        );
     }
     close(&got, &want, 1e-5);
 }

@@ -176,7 +176,8 @@ pub fn spm_tokenizer_json(v: &SpmVocab<'_>) -> Value {
         .unk
         .and_then(|id| pieces.get(id as usize))
         .map_or(Value::Null, |s| json!(s));
-    let replace_space = json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"});
+    let replace_space =
+        json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"});
     let mut decoders = vec![
         json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
         json!({"type": "ByteFallback"}),

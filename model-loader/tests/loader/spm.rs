@@ -18,8 +18,29 @@ const BYTE0: u32 = 4;
 const FIRST_PIECE: u32 = BYTE0 + 256;
 /// Pieces after the byte tokens, best first (score = -id), except `bc`.
 const PIECES: &[&str] = &[
-    "\u{2581}", "h", "e", "l", "o", "w", "r", "d", "he", "ll", "hell", "hello", "\u{2581}w", "or",
-    "\u{2581}wor", "lo", "1", "2", "a", "b", "c", "ab", "bc",
+    "\u{2581}",
+    "h",
+    "e",
+    "l",
+    "o",
+    "w",
+    "r",
+    "d",
+    "he",
+    "ll",
+    "hell",
+    "hello",
+    "\u{2581}w",
+    "or",
+    "\u{2581}wor",
+    "lo",
+    "1",
+    "2",
+    "a",
+    "b",
+    "c",
+    "ab",
+    "bc",
 ];
 
 fn piece(p: &str) -> u32 {
@@ -123,10 +144,16 @@ fn bos_added_by_default_and_control_tokens_whole() {
     );
     assert_eq!(enc(&t, "<eos>hello"), vec![1, piece("hello")]);
     assert!(t.is_special(1) && !t.is_special(piece("hello")));
-    assert_eq!(t.decode(&[2, piece("hello"), 1], true).expect("decode"), "hello");
+    assert_eq!(
+        t.decode(&[2, piece("hello"), 1], true).expect("decode"),
+        "hello"
+    );
     // The file can turn BOS off.
     let off = spm_tokenizer("gemma3", Some(false));
-    assert_eq!(off.encode("hello", true).expect("encode"), vec![piece("hello")]);
+    assert_eq!(
+        off.encode("hello", true).expect("encode"),
+        vec![piece("hello")]
+    );
 }
 
 #[test]
