@@ -181,16 +181,21 @@ fn attend_task(
     let te = geom.token_elems();
     let kv_head = task.head / (num_heads / geom.num_kv_heads);
     let past = span.context_len - span.query_len;
-    // Address of key/value `j`'s head inside the layer's pool.
-    let at =
-        |j: usize| span.block_table[j / bs].0 as usize * bs * te + (j % bs) * te + kv_head * hd;
+    let keys = KeyWalk {
+        table: &span.block_table,
+        bs,
+        te,
+        head_off: kv_head * hd,
+    };
     for i in task.q_begin..task.q_end {
         let row = task.first_row + i;
         let n_keys = past + i + 1;
         let first = params.window.map_or(0, |w| n_keys.saturating_sub(w));
         let qv = &q[row * q_stride + task.head * hd..][..hd];
         scores.clear();
-        scores.extend((first..n_keys).map(|j| dot(qv, &layer.k[at(j)..][..hd]) * params.scale));
+        keys.each(first, n_keys, |_, at| {
+            scores.push(dot(qv, &layer.k[at..][..hd]) * params.scale);
+        });
         softmax_in_place(scores);
         // SAFETY: (row, task.head) is owned by this task alone (tasks are
         // disjoint in (sequence row, head)); the range lies inside `out`
@@ -200,8 +205,36 @@ fn attend_task(
             std::slice::from_raw_parts_mut(out_ptr.get().add(row * out_stride + task.head * hd), hd)
         };
         o.fill(0.0);
-        for (j, &p) in (first..n_keys).zip(scores.iter()) {
-            axpy(p, &layer.v[at(j)..][..hd], o);
+        keys.each(first, n_keys, |j, at| {
+            axpy(scores[j - first], &layer.v[at..][..hd], o);
+        });
+    }
+}
+
+/// Walks the pool addresses of one KV head's keys (or values) through a
+/// block table, block by block (no division per key).
+struct KeyWalk<'a> {
+    table: &'a [crate::kv::BlockId],
+    bs: usize,
+    te: usize,
+    /// Offset of the KV head inside a token's slot.
+    head_off: usize,
+}
+
+impl KeyWalk<'_> {
+    /// Calls `f(j, address)` for positions `first..end`, in order.
+    fn each(&self, first: usize, end: usize, mut f: impl FnMut(usize, usize)) {
+        let mut j = first;
+        let mut b = first / self.bs.max(1);
+        while j < end {
+            let start = b * self.bs;
+            let base = self.table[b].0 as usize * self.bs * self.te + self.head_off;
+            let stop = (start + self.bs).min(end);
+            for jj in j..stop {
+                f(jj, base + (jj - start) * self.te);
+            }
+            j = stop;
+            b += 1;
         }
     }
 }
