@@ -113,6 +113,7 @@ fn const_weights(c: &ModelConfig) -> ModelWeights {
             w_gate: t(&[i, h]),
             w_up: t(&[i, h]),
             w_down: t(&[h, i]),
+            gemma: None,
         })
         .collect();
     ModelWeights {

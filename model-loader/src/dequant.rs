@@ -1,25 +1,21 @@
-//! Dequantization of GGUF tensor data to f32, one function per type.
-//!
-//! Block formats (llama.cpp `ggml-common.h`), 32 elements per block:
-//! - `Q4_0`: f16 scale `d`, 16 bytes of nibbles; `x = (q - 8) * d`.
-//! - `Q4_1`: f16 `d`, f16 min `m`, 16 bytes of nibbles; `x = q * d + m`.
-//! - `Q8_0`: f16 `d`, 32 signed bytes; `x = q * d`.
-//!
-//! Nibble order: byte `j` holds element `j` in its low nibble and element
-//! `j + 16` in its high nibble. Every function is O(n) and checks that the
-//! byte length matches the element count before touching data.
+//! Dequantization of GGUF tensor data to f32: the float types here, the
+//! block-quantized ones through [`crate::quant`] (one decoder per layout).
+//! Every function is O(n) and checks that the byte length matches the
+//! element count before touching data.
 
 use half::{bf16, f16};
 
 use crate::error::{LoaderError, Result};
 use crate::gguf::GgmlType;
+use crate::quant::{self, QuantType};
 
-/// Elements per quantized block.
+/// Elements per legacy quantized block.
 pub const QK: usize = 32;
 
 /// Dequantizes `n` elements of type `ty` from `bytes`.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize, tensor: &str) -> Result<Vec<f32>> {
-    let expected = ty.byte_size(n, if n.is_multiple_of(QK) { QK } else { n }, tensor)?;
+    let (block, _) = ty.block_layout().ok_or_else(|| ty.unsupported(tensor))?;
+    let expected = ty.byte_size(n, if n.is_multiple_of(block) { block } else { n }, tensor)?;
     if bytes.len() != expected {
         return Err(LoaderError::Malformed(format!(
             "tensor {tensor}: {} bytes for {n} {} elements (expected {expected})",
@@ -32,10 +28,10 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize, tensor: &str) -> Result<
         GgmlType::F32 => dequant_f32(bytes, &mut out),
         GgmlType::F16 => dequant_f16(bytes, &mut out),
         GgmlType::Bf16 => dequant_bf16(bytes, &mut out),
-        GgmlType::Q4_0 => dequant_q4_0(bytes, &mut out),
-        GgmlType::Q4_1 => dequant_q4_1(bytes, &mut out),
-        GgmlType::Q8_0 => dequant_q8_0(bytes, &mut out),
-        GgmlType::Other(_) => return Err(ty.unsupported(tensor)),
+        other => match QuantType::from_ggml(other) {
+            Some(q) => quant::dequantize_row(q, bytes, &mut out),
+            None => return Err(ty.unsupported(tensor)),
+        },
     }
     Ok(out)
 }
@@ -61,63 +57,30 @@ pub fn dequant_bf16(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-fn half_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
-/// `Q4_0` blocks (18 bytes each).
-pub fn dequant_q4_0(bytes: &[u8], out: &mut [f32]) {
-    for (blk, o) in bytes.chunks_exact(18).zip(out.chunks_exact_mut(QK)) {
-        let d = half_at(blk, 0);
-        for j in 0..16 {
-            let q = blk[2 + j];
-            o[j] = (i32::from(q & 0x0f) - 8) as f32 * d;
-            o[j + 16] = (i32::from(q >> 4) - 8) as f32 * d;
-        }
-    }
-}
-
-/// `Q4_1` blocks (20 bytes each).
-pub fn dequant_q4_1(bytes: &[u8], out: &mut [f32]) {
-    for (blk, o) in bytes.chunks_exact(20).zip(out.chunks_exact_mut(QK)) {
-        let d = half_at(blk, 0);
-        let m = half_at(blk, 2);
-        for j in 0..16 {
-            let q = blk[4 + j];
-            o[j] = f32::from(q & 0x0f) * d + m;
-            o[j + 16] = f32::from(q >> 4) * d + m;
-        }
-    }
-}
-
-/// `Q8_0` blocks (34 bytes each).
-pub fn dequant_q8_0(bytes: &[u8], out: &mut [f32]) {
-    for (blk, o) in bytes.chunks_exact(34).zip(out.chunks_exact_mut(QK)) {
-        let d = half_at(blk, 0);
-        for j in 0..QK {
-            o[j] = f32::from(blk[2 + j] as i8) * d;
-        }
-    }
-}
-
 /// Quantizes f32 values to `Q8_0` the way llama.cpp does (`d = amax / 127`,
 /// round to nearest). `values.len()` must be a multiple of 32 (checked).
 pub fn quantize_q8_0(values: &[f32]) -> Result<Vec<u8>> {
-    if !values.len().is_multiple_of(QK) {
-        return Err(LoaderError::Malformed(format!(
-            "Q8_0 needs a multiple of {QK} values, got {}",
-            values.len()
-        )));
-    }
-    let mut out = Vec::with_capacity(values.len() / QK * 34);
-    for blk in values.chunks_exact(QK) {
-        let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-        out.extend(blk.iter().map(|v| (v * id).round() as i8 as u8));
-    }
-    Ok(out)
+    quant::quantize(QuantType::Q8_0, values)
+}
+
+/// Encodes f32 values as `ty` (any readable type; quantized types need whole
+/// blocks).
+pub fn encode(ty: GgmlType, values: &[f32], tensor: &str) -> Result<Vec<u8>> {
+    Ok(match ty {
+        GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::F16 => values
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        GgmlType::Bf16 => values
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+        other => match QuantType::from_ggml(other) {
+            Some(q) => quant::quantize(q, values)?,
+            None => return Err(ty.unsupported(tensor)),
+        },
+    })
 }
 
 #[cfg(test)]
@@ -189,7 +152,7 @@ mod tests {
 
     #[test]
     fn other_types_are_refused_by_name() {
-        let err = dequantize(GgmlType::from_id(12), &[], 256, "blk.0.x").unwrap_err();
-        assert!(err.to_string().contains("Q4_K"), "{err}");
+        let err = dequantize(GgmlType::from_id(16), &[], 256, "blk.0.x").unwrap_err();
+        assert!(err.to_string().contains("IQ2_XXS"), "{err}");
     }
 }

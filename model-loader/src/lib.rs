@@ -15,6 +15,7 @@ pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
 pub mod paths;
+pub mod quant;
 pub mod safetensors_io;
 pub mod tiny;
 pub mod tokenizer;
@@ -23,10 +24,10 @@ pub mod weights;
 use std::path::Path;
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use config::{Architecture, Gemma3Params, ModelConfig, RopeScaling};
 pub use error::LoaderError;
 pub use tokenizer::Tokenizer;
-pub use weights::{LayerWeights, ModelWeights, Tensor};
+pub use weights::{GemmaNorms, LayerWeights, ModelWeights, Tensor};
 
 /// Which on-disk layout a model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -54,6 +54,22 @@ pub struct LayerWeights {
     pub w_up: Tensor,
     /// `[hidden, intermediate]`.
     pub w_down: Tensor,
+    /// Gemma 3's extra norms; `None` for the Llama family.
+    pub gemma: Option<GemmaNorms>,
+}
+
+/// Gemma 3's per-layer norms beyond the Llama layout. Their weights are used
+/// as stored (`x * w`): llama.cpp's converter already folded Gemma's `1 + w`.
+#[derive(Debug, Clone)]
+pub struct GemmaNorms {
+    /// `[head_dim]`, RMSNorm of each query head before rotary.
+    pub q_norm: Tensor,
+    /// `[head_dim]`, RMSNorm of each key head before rotary.
+    pub k_norm: Tensor,
+    /// `[hidden]`, RMSNorm of the attention output before the residual add.
+    pub post_attn_norm: Tensor,
+    /// `[hidden]`, RMSNorm of the MLP output before the residual add.
+    pub post_ffn_norm: Tensor,
 }
 
 /// All weights of a Llama-family model.

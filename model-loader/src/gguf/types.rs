@@ -98,14 +98,23 @@ impl MetaValue {
     }
 }
 
-/// Tensor element types of GGUF (`ggml_type`). Only some are readable.
+/// Tensor element types of GGUF (`ggml_type`). Only some are readable; the
+/// K-quants are spelled without the underscore (`Q4K` is llama.cpp's `Q4_K`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GgmlType {
     F32,
     F16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+    Q8K,
     Bf16,
     /// A type this crate does not dequantize; the id is kept for the error.
     Other(u32),
@@ -119,7 +128,15 @@ impl GgmlType {
             1 => Self::F16,
             2 => Self::Q4_0,
             3 => Self::Q4_1,
+            6 => Self::Q5_0,
+            7 => Self::Q5_1,
             8 => Self::Q8_0,
+            10 => Self::Q2K,
+            11 => Self::Q3K,
+            12 => Self::Q4K,
+            13 => Self::Q5K,
+            14 => Self::Q6K,
+            15 => Self::Q8K,
             30 => Self::Bf16,
             other => Self::Other(other),
         }
@@ -132,7 +149,15 @@ impl GgmlType {
             Self::F16 => 1,
             Self::Q4_0 => 2,
             Self::Q4_1 => 3,
+            Self::Q5_0 => 6,
+            Self::Q5_1 => 7,
             Self::Q8_0 => 8,
+            Self::Q2K => 10,
+            Self::Q3K => 11,
+            Self::Q4K => 12,
+            Self::Q5K => 13,
+            Self::Q6K => 14,
+            Self::Q8K => 15,
             Self::Bf16 => 30,
             Self::Other(id) => id,
         }
@@ -192,7 +217,15 @@ impl GgmlType {
             Self::F16 | Self::Bf16 => Some((1, 2)),
             Self::Q4_0 => Some((32, 18)),
             Self::Q4_1 => Some((32, 20)),
+            Self::Q5_0 => Some((32, 22)),
+            Self::Q5_1 => Some((32, 24)),
             Self::Q8_0 => Some((32, 34)),
+            Self::Q2K => Some((256, 84)),
+            Self::Q3K => Some((256, 110)),
+            Self::Q4K => Some((256, 144)),
+            Self::Q5K => Some((256, 176)),
+            Self::Q6K => Some((256, 210)),
+            Self::Q8K => Some((256, 292)),
             Self::Other(_) => None,
         }
     }

@@ -1,10 +1,8 @@
-//! A small GGUF v3 writer: metadata plus F32/F16/Q8_0 tensors. Used by the
+//! A small GGUF v3 writer: metadata plus tensors of any readable type. Used by the
 //! tests (to build well-formed and malformed files) and by the tiny-model
 //! generator. Tensors are given row-major with the HF shape; the writer
 //! stores dims innermost-first as GGUF does. The Q/K row permutation is the
 //! caller's business (see [`permute_qk`]).
-
-use half::f16;
 
 use super::{value_type as t, GgmlType, MetaValue, DEFAULT_ALIGNMENT, GGUF_MAGIC};
 use crate::error::{LoaderError, Result};
@@ -38,7 +36,7 @@ impl GgufWriter {
         self
     }
 
-    /// Adds a tensor stored as `ty` (F32, F16 or Q8_0).
+    /// Adds a tensor stored as `ty` (any readable type; rows of whole blocks).
     pub fn tensor(
         &mut self,
         name: &str,
@@ -103,16 +101,7 @@ fn encode_tensor(t: &WriterTensor) -> Result<Vec<u8>> {
             found: vec![t.data.len()],
         });
     }
-    Ok(match t.ty {
-        GgmlType::F32 => t.data.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        GgmlType::F16 => t
-            .data
-            .iter()
-            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
-            .collect(),
-        GgmlType::Q8_0 => crate::dequant::quantize_q8_0(&t.data)?,
-        other => return Err(other.unsupported(&t.name)),
-    })
+    crate::dequant::encode(t.ty, &t.data, &t.name)
 }
 
 fn write_str(out: &mut Vec<u8>, s: &str) {

@@ -249,7 +249,7 @@ fn huge_counts_are_refused_without_allocating() {
 #[test]
 fn unknown_tensor_type_is_named() {
     let mut b = bytes(&small_gguf("llama", "smollm", GgmlType::F32));
-    // Patch blk.0.ffn_up.weight's type id to Q4_K (12): name, n_dims, 2 dims, type.
+    // Patch blk.0.ffn_up.weight's type id to IQ2_XXS (16): name, n_dims, 2 dims, type.
     let name = b"blk.0.ffn_up.weight";
     let pos = b.windows(name.len()).position(|w| w == name).unwrap() + name.len();
     let ty_pos = pos + 4 + 16;
@@ -257,11 +257,11 @@ fn unknown_tensor_type_is_named() {
         u32::from_le_bytes(b[ty_pos..ty_pos + 4].try_into().unwrap()),
         0
     );
-    b[ty_pos..ty_pos + 4].copy_from_slice(&12u32.to_le_bytes());
+    b[ty_pos..ty_pos + 4].copy_from_slice(&16u32.to_le_bytes());
     let (_d, path) = write_temp("m.gguf", &b);
     let err = load_model(&path).unwrap_err();
     assert!(
-        matches!(&err, LoaderError::UnsupportedTensorType { name: "Q4_K", tensor, .. } if tensor == "blk.0.ffn_up.weight"),
+        matches!(&err, LoaderError::UnsupportedTensorType { name: "IQ2_XXS", tensor, .. } if tensor == "blk.0.ffn_up.weight"),
         "{err}"
     );
 }

@@ -119,6 +119,11 @@ impl<D: Device> GpuExecutor<D> {
         opts: GpuOptions,
     ) -> Result<Self, GpuError> {
         let host = model.host_weights();
+        if let model_loader::Architecture::Gemma3(_) = host.config.architecture {
+            return Err(GpuError::Unsupported(
+                "the gemma3 architecture (sliding window, q/k norms, post-norms) is not implemented on the GPU executor; use --device cpu".into(),
+            ));
+        }
         let dims = Dims::of(&host)?;
         if opts.block_size == 0 {
             return Err(GpuError::Unsupported("block_size must be positive".into()));
