@@ -49,6 +49,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     pub metrics: Arc<Metrics>,
     pub started: u64,
+    /// Grammar compiler for structured outputs (built on first use).
+    pub grammars: crate::structured::GrammarCache,
     next_id: AtomicU64,
 }
 
@@ -69,6 +71,7 @@ impl AppState {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             metrics: Arc::new(Metrics::default()),
             started: Generation::created_secs(),
+            grammars: Default::default(),
             next_id: AtomicU64::new(0),
         }
     }
@@ -79,6 +82,7 @@ impl AppState {
             tokenizer: &self.tokenizer,
             chat_template: self.chat_template.as_ref(),
             limits: self.backend.limits(),
+            grammars: &self.grammars,
         }
     }
 }

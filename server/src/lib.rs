@@ -18,4 +18,5 @@ pub mod http;
 pub mod metrics;
 pub mod protocol;
 pub mod response;
+pub mod structured;
 pub mod validate;

@@ -137,7 +137,7 @@ fn chat_logprobs(tok: &Tokenizer, tokens: &[TokenOut], top: usize) -> Value {
 }
 
 fn logprobs_value(g: &Generation, tokens: &[TokenOut], offset: usize) -> Value {
-    match g.req.params.logprobs {
+    match g.req.params.sampling.logprobs {
         None => Value::Null,
         Some(k) => match g.req.endpoint {
             Endpoint::Completions => completion_logprobs(g.tokenizer(), tokens, offset),
@@ -149,8 +149,12 @@ fn logprobs_value(g: &Generation, tokens: &[TokenOut], offset: usize) -> Value {
 /// A whole completions choice's logprobs: with `echo`, the prompt's part
 /// first (when the engine sent the prompt's logprobs).
 fn choice_logprobs(g: &Generation, index: usize, tokens: &[TokenOut], offset: usize) -> Value {
-    let pi = index / g.req.params.n;
-    let echo = match (g.req.echo, g.req.params.logprobs, &g.prompt_logprobs[pi]) {
+    let pi = index / g.req.params.sampling.n;
+    let echo = match (
+        g.req.echo,
+        g.req.params.sampling.logprobs,
+        &g.prompt_logprobs[pi],
+    ) {
         (true, Some(k), Some(list)) => Some((k, g.req.prompts[pi].token_ids.as_slice(), list)),
         _ => None,
     };
@@ -202,7 +206,7 @@ pub fn usage(g: &Generation) -> Value {
 }
 
 fn prompt_of(g: &Generation, index: usize) -> &crate::validate::Prompt {
-    &g.req.prompts[index / g.req.params.n]
+    &g.req.prompts[index / g.req.params.sampling.n]
 }
 
 /// The non-streaming response.
@@ -231,7 +235,7 @@ pub fn full_response(meta: &ResponseMeta, g: &Generation) -> Value {
                 v["prompt_token_ids"] = json!(prompt.token_ids);
             }
             if meta.endpoint == Endpoint::Completions {
-                if let Some(p) = prompt_logprobs_of(g, i / g.req.params.n) {
+                if let Some(p) = prompt_logprobs_of(g, i / g.req.params.sampling.n) {
                     v["prompt_logprobs"] = p;
                 }
             }
@@ -260,7 +264,9 @@ fn chunk(meta: &ResponseMeta, choices: Vec<Value>, usage: Value) -> Value {
 /// Whether a stream's echo waits for the first generated text (completions
 /// with `echo` and `logprobs`: the prompt's logprobs come with it).
 pub fn echo_waits_for_output(g: &Generation) -> bool {
-    g.req.endpoint == Endpoint::Completions && g.req.echo && g.req.params.logprobs.is_some()
+    g.req.endpoint == Endpoint::Completions
+        && g.req.echo
+        && g.req.params.sampling.logprobs.is_some()
 }
 
 /// The first chunk of each choice: the chat role, or the echoed prompt.
@@ -311,7 +317,7 @@ pub fn delta_chunk(meta: &ResponseMeta, g: &Generation, d: &ChoiceDelta, offset:
     }
     let prompt_lp = d
         .prompt_logprobs
-        .then(|| prompt_logprobs_of(g, d.index / g.req.params.n))
+        .then(|| prompt_logprobs_of(g, d.index / g.req.params.sampling.n))
         .flatten();
     match (meta.endpoint, prompt_lp) {
         (Endpoint::Completions, Some(p)) => {
