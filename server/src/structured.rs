@@ -124,12 +124,14 @@ pub fn requested_spec(c: &CommonParams) -> Result<Option<(GrammarSpec, &'static 
                     "response_format",
                 ));
             }
-            other => return Err(ApiError::invalid(
-                "response_format",
-                format!(
+            other => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    format!(
                     "response_format type must be text, json_object or json_schema, got {other:?}"
                 ),
-            )),
+                ))
+            }
         }
     }
     if let Some(so) = &c.structured_outputs {
@@ -202,12 +204,14 @@ pub fn tool_mode(r: &ChatRequest) -> Result<ToolMode, ApiError> {
             "none" => ToolMode::None,
             "auto" => ToolMode::Auto,
             "required" => ToolMode::Required,
-            other => return Err(ApiError::invalid(
-                "tool_choice",
-                format!(
+            other => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
                     "tool_choice must be none, auto, required or a named function, got {other:?}"
                 ),
-            )),
+                ))
+            }
         },
         Some(v) => {
             let name = v
