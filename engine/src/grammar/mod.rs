@@ -360,9 +360,10 @@ impl Mask {
         let mut words = v.as_slice().to_vec();
         words.resize(vocab_size.div_ceil(32), 0);
         // Bits past the vocabulary stay clear.
-        if vocab_size % 32 != 0 {
+        let tail = vocab_size % 32;
+        if tail > 0 {
             if let Some(last) = words.last_mut() {
-                *last &= (1u32 << (vocab_size % 32)) - 1;
+                *last &= (1u32 << tail) - 1;
             }
         }
         Self { words }
