@@ -225,6 +225,18 @@ fn bad_grammars_say_why() {
         (GrammarSpec::Lark("start: missing_rule".into()), "grammar"),
         (GrammarSpec::Choice(vec![]), "choice"),
     ];
+    let with_min_tokens = SamplingParams {
+        min_tokens: 3,
+        structured: Some(compile(GrammarSpec::JsonObject)),
+        ..SamplingParams::default()
+    };
+    assert!(matches!(
+        with_min_tokens.validate(Some(16)),
+        Err(engine::EngineError::InvalidParam {
+            param: "min_tokens",
+            ..
+        })
+    ));
     for (spec, kind) in cases {
         match compiler().compile(&spec) {
             Err(GrammarError::Invalid { kind: k, reason }) => {

@@ -145,6 +145,14 @@ impl SamplingParams {
                 "structured outputs are not supported with beam search",
             ));
         }
+        if self.structured.is_some() && self.min_tokens > 0 {
+            // The grammar may be complete (EOS the only allowed token)
+            // before min_tokens: nothing could be drawn.
+            return Err(invalid(
+                "min_tokens",
+                "min_tokens cannot be combined with a structured output constraint",
+            ));
+        }
         if self.logit_bias.len() > MAX_LOGIT_BIAS {
             return Err(invalid(
                 "logit_bias",
