@@ -191,6 +191,18 @@ def tool_checks():
         jsonschema.validate(json.loads(call.function.arguments), params)
     check("required tool_choice arguments validate", True)
 
+    stream = client.chat.completions.create(model=MODEL, messages=ask, tools=TOOLS,
+                                            tool_choice="required", max_tokens=150,
+                                            temperature=0, stream=True)
+    streamed, finish = [], None
+    for chunk in stream:
+        for ch in chunk.choices:
+            streamed.extend(ch.delta.tool_calls or [])
+            finish = ch.finish_reason or finish
+    good = len(streamed) >= 1 and finish == "tool_calls" and all(
+        tc.function.name in ("get_weather", "add") for tc in streamed)
+    check("required tool_choice streamed as delta.tool_calls", good, f"{streamed} {finish}")
+
     history = ask + [
         {"role": "assistant", "content": None,
          "tool_calls": [{"id": "call_1", "type": "function",
