@@ -17,17 +17,6 @@ pub fn warp_sum(mut v: f32) -> f32 {
     v
 }
 
-/// Maximum over the warp, result in every lane.
-#[inline(always)]
-pub fn warp_max(mut v: f32) -> f32 {
-    let mut m = 16;
-    while m > 0 {
-        v = v.max(shfl_xor_f32(v, m));
-        m >>= 1;
-    }
-    v
-}
-
 #[inline(always)]
 fn block_reduce(v: f32, warp_op: fn(f32) -> f32, op: fn(f32, f32) -> f32) -> f32 {
     let v = warp_op(v);
@@ -53,10 +42,4 @@ fn block_reduce(v: f32, warp_op: fn(f32) -> f32, op: fn(f32, f32) -> f32) -> f32
 #[inline(always)]
 pub fn block_sum(v: f32) -> f32 {
     block_reduce(v, warp_sum, |a, b| a + b)
-}
-
-/// Maximum over the block, result in every thread.
-#[inline(always)]
-pub fn block_max(v: f32) -> f32 {
-    block_reduce(v, warp_max, f32::max)
 }

@@ -31,7 +31,8 @@ pub struct EngineOptions {
     /// Which executor and how its pools are sized.
     pub executor: ExecutorRequest,
     pub enable_prefix_caching: bool,
-    pub max_waiting: usize,
+    /// Waiting limit and output-stream bounds of the engine handle.
+    pub handle: HandleConfig,
 }
 
 /// [`Backend`] over the real engine.
@@ -66,13 +67,7 @@ impl EngineBackend {
             executor,
         )
         .map_err(map_err)?;
-        let handle = EngineHandle::spawn(
-            engine,
-            HandleConfig {
-                max_waiting: opts.max_waiting,
-            },
-        )
-        .map_err(map_err)?;
+        let handle = EngineHandle::spawn(engine, opts.handle).map_err(map_err)?;
         Ok(Self {
             handle,
             limits: BackendLimits {

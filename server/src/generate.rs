@@ -332,7 +332,8 @@ impl Generation {
             self.metrics
                 .e2e
                 .observe(self.arrival.elapsed().as_secs_f64());
-            self.metrics.requests_ok.fetch_add(1, Ordering::Relaxed);
+            self.metrics
+                .record_finished(self.choices.iter().filter_map(|c| c.finish_reason));
         }
     }
 

@@ -10,6 +10,7 @@
 pub mod app;
 pub mod backend;
 pub mod cli;
+pub mod cors;
 pub mod detok;
 pub mod engine_backend;
 pub mod error;
@@ -19,4 +20,5 @@ pub mod metrics;
 pub mod protocol;
 pub mod response;
 pub mod structured;
+pub mod tokenize;
 pub mod validate;

@@ -85,7 +85,10 @@ pub struct ValidationContext<'a> {
     pub grammars: &'a GrammarCache,
 }
 
-fn check_model(ctx: &ValidationContext<'_>, model: &Option<String>) -> Result<String, ApiError> {
+pub(crate) fn check_model(
+    ctx: &ValidationContext<'_>,
+    model: &Option<String>,
+) -> Result<String, ApiError> {
     match model {
         None => Ok(ctx.served_model_name.to_string()),
         Some(m) if m == ctx.served_model_name => Ok(m.clone()),
@@ -104,7 +107,7 @@ fn nonneg(name: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> {
     }
 }
 
-fn token_id(ctx: &ValidationContext<'_>, name: &str, id: i64) -> Result<u32, ApiError> {
+pub(crate) fn token_id(ctx: &ValidationContext<'_>, name: &str, id: i64) -> Result<u32, ApiError> {
     let vocab = ctx.tokenizer.vocab_size();
     if id < 0 || id as u64 >= vocab as u64 {
         return Err(ApiError::invalid(
@@ -329,7 +332,11 @@ fn engine_error(e: engine::EngineError) -> ApiError {
     }
 }
 
-fn encode(ctx: &ValidationContext<'_>, text: &str, special: bool) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn encode(
+    ctx: &ValidationContext<'_>,
+    text: &str,
+    special: bool,
+) -> Result<Vec<u32>, ApiError> {
     ctx.tokenizer
         .encode(text, special)
         .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}")))
@@ -402,6 +409,41 @@ pub fn completion(
     let prompts = completion_prompts(ctx, &r.prompt)?;
     constrain(ctx, &c, None, &mut params)?;
     finish(ctx, Endpoint::Completions, model, prompts, &c, params, echo)
+}
+
+/// Checks chat `messages` and renders them with the model's chat template
+/// (shared by chat completions and `/tokenize`).
+pub(crate) fn render_chat(
+    ctx: &ValidationContext<'_>,
+    messages: &[ChatMessageIn],
+    add_generation_prompt: bool,
+) -> Result<String, ApiError> {
+    render_chat_with(ctx, messages, add_generation_prompt, None)
+}
+
+/// [`render_chat`] with an optional leading system message (the tools).
+fn render_chat_with(
+    ctx: &ValidationContext<'_>,
+    messages: &[ChatMessageIn],
+    add_generation_prompt: bool,
+    system: Option<String>,
+) -> Result<String, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    let mut msgs = Vec::with_capacity(messages.len() + 1);
+    if let Some(s) = system {
+        msgs.push(ChatMessage::new("system", s));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        msgs.push(template_message(i, m)?);
+    }
+    let template = ctx
+        .chat_template
+        .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
+    template
+        .render(&msgs, add_generation_prompt)
+        .map_err(|e| ApiError::invalid("messages", format!("chat template failed: {e}")))
 }
 
 fn message_text(m: &ChatMessageIn) -> Result<String, ApiError> {
@@ -478,27 +520,16 @@ fn template_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError
 /// Validates a `/v1/chat/completions` body; applies the chat template.
 pub fn chat(ctx: &ValidationContext<'_>, r: &ChatRequest) -> Result<GenerateRequest, ApiError> {
     let model = check_model(ctx, &r.model)?;
-    if r.messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages must not be empty"));
-    }
     let tool_mode = crate::structured::tool_mode(r)?;
     let tools = r.tools.as_deref().unwrap_or(&[]);
-    let mut msgs = Vec::with_capacity(r.messages.len() + 1);
-    if tool_mode != ToolMode::None {
-        msgs.push(ChatMessage::new(
-            "system",
-            crate::structured::tools_system_text(tools),
-        ));
-    }
-    for (i, m) in r.messages.iter().enumerate() {
-        msgs.push(template_message(i, m)?);
-    }
-    let template = ctx
-        .chat_template
-        .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
-    let text = template
-        .render(&msgs, r.add_generation_prompt.unwrap_or(true))
-        .map_err(|e| ApiError::invalid("messages", format!("chat template failed: {e}")))?;
+    let tools_text =
+        (tool_mode != ToolMode::None).then(|| crate::structured::tools_system_text(tools));
+    let text = render_chat_with(
+        ctx,
+        &r.messages,
+        r.add_generation_prompt.unwrap_or(true),
+        tools_text,
+    )?;
     // The template writes BOS itself where the model wants it.
     let token_ids = encode(ctx, &text, false)?;
     let logprobs = match (r.logprobs.unwrap_or(false), r.top_logprobs) {

@@ -25,9 +25,11 @@
 //! prompt rows, plus O(width x candidates) per beam group.
 
 use super::{finish_reason, LlmEngine, Outputs};
-use crate::executor::Logits;
+use crate::executor::{GreedyRow, Logits};
 use crate::grammar::Mask;
-use crate::sampler::{prompt_logprob, sample_row, top_logprobs, SampleOut, SeqContext};
+use crate::sampler::{
+    greedy_on_device, prompt_logprob, sample_row, top_logprobs, SampleOut, SeqContext,
+};
 use crate::scheduler::{FinishReason, RequestId, SampleTarget, SchedulerOutput, SequenceGroup};
 use std::collections::HashMap;
 
@@ -57,6 +59,51 @@ impl LlmEngine {
         self.apply_beam_rows(&beam_rows, logits, outs);
         self.scheduler
             .record_generated(draws.len() + beam_rows.len());
+    }
+
+    /// True when every row of the step is a plain greedy draw (one sequence,
+    /// no beam, no prompt rows, and `sampler::greedy_on_device`), so the
+    /// executor may reduce the rows where the logits are.
+    pub(super) fn all_rows_plain_greedy(&self, sched: &SchedulerOutput) -> bool {
+        !sched.targets.is_empty()
+            && sched.prompt_targets.is_empty()
+            && sched.targets.iter().all(|t| {
+                self.scheduler.group(t.request_id).is_some_and(|g| {
+                    let p = &g.params.sampling;
+                    !p.use_beam_search
+                        && p.width() == 1
+                        && p.structured.is_none()
+                        && p.logit_bias.is_empty()
+                        && g.seqs.get(t.seq_index).is_some_and(|s| {
+                            greedy_on_device(p, s.tokens.len().saturating_sub(s.prompt_len))
+                        })
+                })
+            })
+    }
+
+    /// Appends the executor's greedy choice of each row (see
+    /// [`Self::all_rows_plain_greedy`]): the same token and logprob the CPU
+    /// sampler would give, no top logprobs.
+    pub(super) fn apply_greedy_rows(
+        &mut self,
+        targets: &[SampleTarget],
+        rows: &[GreedyRow],
+        outs: &mut Outputs,
+    ) {
+        for (row, (t, g)) in targets.iter().zip(rows).enumerate() {
+            let draw = Draw {
+                row,
+                request_id: t.request_id,
+                seq_index: t.seq_index,
+            };
+            let s = SampleOut {
+                token: g.token,
+                logprob: g.logprob,
+                top_logprobs: Vec::new(),
+            };
+            self.append_sampled(draw, Some(s), outs);
+        }
+        self.scheduler.record_generated(targets.len());
     }
 
     /// Scores this step's prompt rows (in parallel) and records them in

@@ -8,8 +8,37 @@
 //! `gpu_memory_utilization` profile (or an exact block count).
 
 use super::gpu::DType;
-use super::{CpuExecutor, ExecError, Executor};
+use super::{CpuExecutor, ExecError, Executor, HostLayer, HostModel, HostWeights};
 use crate::model::LlamaModel;
+
+/// The CPU model's weights as the GPU executor reads them: the one place
+/// where the CPU model meets the GPU executor.
+impl HostModel for LlamaModel {
+    fn host_weights(&self) -> HostWeights<'_> {
+        let w = self.weights();
+        HostWeights {
+            config: self.config(),
+            embedding: w.embedding,
+            final_norm: w.final_norm,
+            lm_head: w.lm_head,
+            layers: w
+                .layers
+                .iter()
+                .map(|l| HostLayer {
+                    attn_norm: l.attn_norm,
+                    qkv: l.qkv,
+                    qkv_bias: l.qkv_bias,
+                    o: l.o,
+                    ffn_norm: l.ffn_norm,
+                    gate_up: l.gate_up,
+                    down: l.down,
+                })
+                .collect(),
+            max_positions: w.rope.max_positions(),
+            cos_sin: w.rope.cos_sin_cache(),
+        }
+    }
+}
 
 /// Which executor runs the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
