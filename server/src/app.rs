@@ -242,9 +242,8 @@ pub fn generate_text(
     max_tokens: usize,
 ) -> anyhow::Result<String> {
     use futures_util::StreamExt;
-    let params = crate::backend::SamplingParams {
-        max_tokens,
-        temperature: 0.0,
+    let params = crate::backend::RequestParams {
+        max_tokens: Some(max_tokens),
         ..Default::default()
     };
     let mut stream = backend

@@ -55,6 +55,8 @@ pub struct AppState {
     pub cors: Option<Cors>,
     pub metrics: Arc<Metrics>,
     pub started: u64,
+    /// Grammar compiler for structured outputs (built on first use).
+    pub grammars: crate::structured::GrammarCache,
     next_id: AtomicU64,
 }
 
@@ -76,6 +78,7 @@ impl AppState {
             cors: None,
             metrics: Arc::new(Metrics::default()),
             started: Generation::created_secs(),
+            grammars: Default::default(),
             next_id: AtomicU64::new(0),
         }
     }
@@ -86,6 +89,7 @@ impl AppState {
             tokenizer: &self.tokenizer,
             chat_template: self.chat_template.as_ref(),
             limits: self.backend.limits(),
+            grammars: &self.grammars,
         }
     }
 }

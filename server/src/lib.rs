@@ -19,5 +19,6 @@ pub mod http;
 pub mod metrics;
 pub mod protocol;
 pub mod response;
+pub mod structured;
 pub mod tokenize;
 pub mod validate;
