@@ -63,6 +63,7 @@ fn random_weights(c: &ModelConfig) -> ModelWeights {
             w_gate: t(&[i, h], 0.1),
             w_up: t(&[i, h], 0.1),
             w_down: t(&[h, i], 0.1),
+            gemma: None,
         })
         .collect();
     ModelWeights {

@@ -6,6 +6,7 @@
 pub mod engine_loop;
 pub mod error;
 pub mod executor;
+pub mod grammar;
 pub mod kv;
 pub mod model;
 pub mod sampler;

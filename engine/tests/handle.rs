@@ -96,8 +96,14 @@ fn waiting_limit_answers_overloaded_and_shutdown_drains() {
             ..Setup::default()
         };
         let limit = 4;
-        let handle = EngineHandle::spawn(engine(&setup), HandleConfig { max_waiting: limit })
-            .expect("spawn");
+        let handle = EngineHandle::spawn(
+            engine(&setup),
+            HandleConfig {
+                max_waiting: limit,
+                ..HandleConfig::default()
+            },
+        )
+        .expect("spawn");
         let long = prompts(8, 1, 20, 20).remove(0);
         let mut first = handle.add_request(long, params(130)).expect("accepted");
         assert!(matches!(first.blocking_recv(), Some(Ok(_))));
@@ -195,5 +201,76 @@ fn explicit_abort_ends_the_stream_with_reason_abort() {
             let st = handle.stats();
             st.kv.free_blocks == st.kv.total_blocks
         }));
+    });
+}
+
+/// A reader slower than the engine loses nothing: outputs that do not fit
+/// the bounded stream are merged and delivered in order when it reads.
+#[test]
+fn a_slow_reader_gets_every_token_through_a_small_stream() {
+    common::on_each_executor(|| {
+        let ps = prompts(31, 1, 6, 6);
+        let (want, _) = run_batch(&Setup::default(), &ps, &[120]);
+        let config = HandleConfig {
+            stream_capacity: 1,
+            ..HandleConfig::default()
+        };
+        let handle = EngineHandle::spawn(engine(&Setup::default()), config).expect("spawn");
+        let mut s = handle
+            .add_request(ps[0].clone(), params(120))
+            .expect("accepted");
+        // Let the engine run ahead of the reader (it finishes meanwhile).
+        assert!(eventually(|| {
+            let st = handle.stats().scheduler;
+            st.generation_tokens >= 120 && st.num_running == 0
+        }));
+        let (tokens, err) = read_all(&mut s);
+        assert_eq!((tokens, err), (want[0].clone(), None));
+        assert_eq!(handle.stream_stall_aborts(), 0);
+        handle.shutdown(ShutdownMode::Abort);
+    });
+}
+
+/// A reader that stops reading: after the stall timeout its request is
+/// aborted, its blocks return, and its stream ends after what was queued;
+/// the others (read) are not disturbed.
+#[test]
+fn a_stream_nobody_reads_is_aborted_after_the_stall_timeout() {
+    common::on_each_executor(|| {
+        let config = HandleConfig {
+            stream_capacity: 2,
+            stall_timeout: Duration::from_millis(20),
+            ..HandleConfig::default()
+        };
+        let handle = EngineHandle::spawn(engine(&Setup::default()), config).expect("spawn");
+        // Company, read on other threads, keeps each step busy so the stalled
+        // request is far from its length when the timeout strikes.
+        let readers: Vec<_> = prompts(41, 16, 10, 10)
+            .into_iter()
+            .map(|p| {
+                let mut s = handle.add_request(p, params(240)).expect("accepted");
+                std::thread::spawn(move || read_all(&mut s))
+            })
+            .collect();
+        let p = prompts(42, 1, 10, 10).remove(0);
+        let mut stalled = handle.add_request(p, params(240)).expect("accepted");
+        assert!(eventually(|| handle.stream_stall_aborts() >= 1));
+        let (tokens, err) = read_all(&mut stalled);
+        assert!(tokens.len() < 240, "aborted early, got {}", tokens.len());
+        assert_eq!(err, None, "the stream just ends");
+        // Company readers run on a loaded machine: one starved for longer
+        // than the (short) timeout is aborted too, and counted.
+        let mut short = 0;
+        for r in readers {
+            let (t, e) = r.join().expect("reader");
+            assert_eq!(e, None);
+            short += u64::from(t.len() < 240);
+        }
+        assert_eq!(short + 1, handle.stream_stall_aborts());
+        assert!(eventually(|| {
+            let st = handle.stats();
+            st.kv.free_blocks == st.kv.total_blocks && st.scheduler.num_running == 0
+        }));
+        handle.shutdown(ShutdownMode::Abort);
     });
 }

@@ -5,7 +5,7 @@
 //! shapes is the `gpu` bench (`cargo bench -p gpu-kernels --features cuda --bench gpu`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gpu_kernels::attention::paged_attention_v1;
+use gpu_kernels::decode::paged_attention_v1;
 use gpu_kernels::device::emu::launch;
 use gpu_kernels::launch as geom;
 use gpu_kernels::norm::rms_norm;
@@ -30,7 +30,13 @@ fn bench_attention(c: &mut Criterion) {
         tables.as_ptr(),
         lens.as_ptr(),
     );
-    let cfg = geom::paged_attention_v1(seqs as u32, heads as u32, ctx as u32, geom::ATTN_THREADS);
+    let cfg = geom::decode_v1(
+        seqs as u32,
+        heads as u32,
+        kv_heads as u32,
+        D as u32,
+        geom::ATTN_THREADS,
+    );
     c.bench_function("emu paged_attention_v1 bf16 h128 2x4 heads ctx64", |b| {
         b.iter(|| {
             // SAFETY: buffers sized for the launch and alive for its duration.
@@ -43,6 +49,7 @@ fn bench_attention(c: &mut Criterion) {
                         vp,
                         bt,
                         cl,
+                        heads as u32,
                         kv_heads as u32,
                         0.088,
                         bs as u32,

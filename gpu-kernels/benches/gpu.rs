@@ -1,7 +1,11 @@
 //! `cargo bench -p gpu-kernels --features cuda --bench gpu`: times the PTX kernels on a
-//! GPU with CUDA events at vLLM's decode shape (batch 8, context 4096, 64 query / 8 KV
-//! heads, head 128, block 16, bf16) and prints achieved GB/s beside a measured
-//! device-to-device copy; also times `rms_norm` and `reshape_and_cache`.
+//! GPU with CUDA events and prints achieved GB/s beside a measured device-to-device copy:
+//! decode attention at vLLM's shape (batch 8, context 4096, 64 query / 8 KV heads, head
+//! 128), SmolLM2's (batch 256, ragged contexts 256-1024, 9/3 heads, head 64) and
+//! Llama-3-8B's (batch 64, context 2048, 32/8 heads, head 128), each as v1, v2 at vLLM's
+//! partition 512, and the run-time planner's choice (`gpu_kernels::launch::plan_decode`);
+//! prefill attention at 4 x 2048 and 1 x 8192 tokens (32/8 heads, head 64 and 128) in
+//! TFLOP/s; also `rms_norm` and `reshape_and_cache`. (No cuBLAS GEMM figure yet.)
 //!
 //! Every timed kernel is first validated against a CPU reference on a small shape (and
 //! the attention figures are spot-checked at the timed shape), so a figure is never of a

@@ -1,191 +1,24 @@
-//! Paged attention: decode (single pass and split-K with a reduce kernel) and
-//! prefill / chunked prefill, all reading K and V through the block table.
+//! Paged attention: the split-K reduce of decode (the decode kernels are in
+//! [`crate::decode`]) and prefill / chunked prefill, all reading K and V through the
+//! block table.
 //!
 //! KV cache layout (shared with the CPU backend): `[num_blocks, block_size,
 //! num_kv_heads, head_dim]`, so token `t` of a sequence lives in physical block
 //! `block_table[t / block_size]` at slot `t % block_size`. GQA/MQA: query head `h`
 //! reads KV head `h / (num_heads / num_kv_heads)`.
 //!
-//! Thread mapping (one block per (query head, sequence) or (query head, query token),
-//! any 1-D block of `32 * w` threads):
-//! 1. the scaled query is staged in static shared memory (`f32[head_dim]`);
-//! 2. warp `w` computes the logits of tokens `w, w + warps, ...`: the lanes split the
-//!    head dimension (coalesced reads of one K row), a butterfly reduction adds up;
-//! 3. block max and block sum of `exp` (warp shuffles, then one shared slot per warp);
-//! 4. thread `i` accumulates output dims `i, i + threads, ...` over all tokens
-//!    (coalesced reads of V rows).
-//!
-//! Shared memory: `f32[256]` static (query) + `f32[32]` static (reductions) + dynamic
-//! `f32[tokens]` (logits: the context length, or the partition size for split-K).
-//! Work per block O(tokens * head_dim); accumulation in `f32`.
+//! The split-K reduce: one block per (query head, sequence), thread `i` owns output dims
+//! `i, i + threads, ...` and reads the O(partitions) weights itself; no shared memory.
+//! Prefill runs the streaming kernel of [`crate::decode`] per (query head, query token);
+//! nothing in shared memory grows with the context.
 
-use crate::device::{
-    block_dim_x, block_idx_x, block_idx_y, block_idx_z, dynamic_shared_mem, exp_fast, grid_dim_x,
-    grid_dim_z, lane_id, sync_threads, thread_idx_x, warp_id,
-};
-use crate::reduce::{block_max, block_sum, warp_sum};
+use crate::device::{block_dim_x, block_idx_x, block_idx_y, exp_fast, grid_dim_x, thread_idx_x};
 use crate::Storage;
 
 /// Largest supported head size (the static query stage is sized for it).
 pub const MAX_HEAD_DIM: usize = 256;
 /// Head sizes the entry points are instantiated for.
 pub const HEAD_SIZES: [usize; 6] = [16, 64, 80, 96, 128, 256];
-
-/// Where one attention problem reads its K/V.
-#[derive(Clone, Copy)]
-struct KvView<T> {
-    k_cache: *const T,
-    v_cache: *const T,
-    block_table: *const u32,
-    kv_head: usize,
-    num_kv_heads: usize,
-    block_size: usize,
-}
-
-impl<T> KvView<T> {
-    /// Element offset of token `t`'s row for this KV head.
-    ///
-    /// # Safety
-    /// `t / block_size` must be inside the sequence's block table.
-    #[inline(always)]
-    unsafe fn row(&self, t: usize, head_dim: usize) -> usize {
-        // SAFETY: guaranteed by the caller.
-        let blk = unsafe { *self.block_table.add(t / self.block_size) } as usize;
-        ((blk * self.block_size + t % self.block_size) * self.num_kv_heads + self.kv_head)
-            * head_dim
-    }
-}
-
-/// Softmax attention of one query row over tokens `start..end` (non-empty) of one
-/// sequence. Calls `emit(d, acc, sum)` for each output dim owned by the thread, with
-/// `acc` the un-normalised weighted sum of V and `sum` the softmax denominator; returns
-/// `(max logit, sum of exp)`.
-///
-/// # Safety
-/// Block-uniform call; `q` points at `D` elements; the block table covers `end`
-/// tokens; dynamic shared memory holds `end - start` floats.
-#[inline(always)]
-unsafe fn attend<T: Storage, const D: usize>(
-    q: *const T,
-    kv: KvView<T>,
-    start: usize,
-    end: usize,
-    scale: f32,
-    mut emit: impl FnMut(usize, f32, f32),
-) -> (f32, f32) {
-    let tid = thread_idx_x() as usize;
-    let threads = block_dim_x() as usize;
-    let (lane, warp, warps) = (lane_id() as usize, warp_id() as usize, threads / 32);
-    let qs = crate::shared_array!(GK_ATTN_Q: [f32; 256]);
-    let logits = dynamic_shared_mem() as *mut f32;
-    let n = end - start;
-    // SAFETY: all indices are within the sizes stated in the function contract; shared
-    // arrays are written and read on opposite sides of `sync_threads`.
-    unsafe {
-        let mut d = tid;
-        while d < D {
-            *qs.add(d) = (*q.add(d)).to_f32() * scale;
-            d += threads;
-        }
-        sync_threads();
-        let mut t = warp;
-        while t < n {
-            let k = kv.k_cache.add(kv.row(start + t, D));
-            let mut dot = 0.0f32;
-            let mut d = lane;
-            while d < D {
-                dot += *qs.add(d) * (*k.add(d)).to_f32();
-                d += 32;
-            }
-            let dot = warp_sum(dot);
-            if lane == 0 {
-                *logits.add(t) = dot;
-            }
-            t += warps;
-        }
-        sync_threads();
-        let mut m = f32::NEG_INFINITY;
-        let mut i = tid;
-        while i < n {
-            m = m.max(*logits.add(i));
-            i += threads;
-        }
-        let m = block_max(m);
-        let mut s = 0.0f32;
-        let mut i = tid;
-        while i < n {
-            let e = exp_fast(*logits.add(i) - m);
-            *logits.add(i) = e;
-            s += e;
-            i += threads;
-        }
-        // `block_sum` ends with a barrier, so every exp is visible below.
-        let s = block_sum(s);
-        let mut d = tid;
-        while d < D {
-            let mut acc = 0.0f32;
-            for t in 0..n {
-                let v = kv.v_cache.add(kv.row(start + t, D));
-                acc += *logits.add(t) * (*v.add(d)).to_f32();
-            }
-            emit(d, acc, s);
-            d += threads;
-        }
-        (m, s)
-    }
-}
-
-/// Decode attention, single pass: `out[s, h] = softmax(q[s, h] . K^T * scale) V` over the
-/// `context_lens[s]` cached tokens of sequence `s`.
-///
-/// Grid (num_heads, num_seqs); see [`crate::launch::paged_attention_v1`]. Shapes:
-/// `out`, `q`: `[num_seqs, num_heads, D]`; caches `[num_blocks, block_size,
-/// num_kv_heads, D]`; `block_tables`: `[num_seqs, max_blocks_per_seq]`;
-/// `context_lens`: `[num_seqs]`. A zero-length context yields zeros.
-///
-/// # Safety
-/// All pointers valid for those shapes; `num_heads % num_kv_heads == 0`; every block
-/// id in the first `ceil(context_len / block_size)` table entries is `< num_blocks`;
-/// dynamic shared memory of `4 * max(context_lens)` bytes; `D <= MAX_HEAD_DIM`.
-pub unsafe fn paged_attention_v1<T: Storage, const D: usize>(
-    out: *mut T,
-    q: *const T,
-    k_cache: *const T,
-    v_cache: *const T,
-    block_tables: *const u32,
-    context_lens: *const u32,
-    num_kv_heads: u32,
-    scale: f32,
-    block_size: u32,
-    max_blocks_per_seq: u32,
-) {
-    let (head, seq, num_heads) = (
-        block_idx_x() as usize,
-        block_idx_y() as usize,
-        grid_dim_x() as usize,
-    );
-    let row = (seq * num_heads + head) * D;
-    // SAFETY: per the function contract.
-    unsafe {
-        let ctx = *context_lens.add(seq) as usize;
-        let kv = KvView {
-            k_cache,
-            v_cache,
-            block_table: block_tables.add(seq * max_blocks_per_seq as usize),
-            kv_head: head / (num_heads / num_kv_heads as usize),
-            num_kv_heads: num_kv_heads as usize,
-            block_size: block_size as usize,
-        };
-        if ctx == 0 {
-            write_zeros(out.add(row), D);
-            return;
-        }
-        let o = out.add(row);
-        attend::<T, D>(q.add(row), kv, 0, ctx, scale, |d, acc, sum| {
-            *o.add(d) = T::from_f32(acc / sum)
-        });
-    }
-}
 
 #[inline(always)]
 unsafe fn write_zeros<T: Storage>(p: *mut T, n: usize) {
@@ -197,69 +30,7 @@ unsafe fn write_zeros<T: Storage>(p: *mut T, n: usize) {
     }
 }
 
-/// Decode attention, split-K pass: partition `p` (grid z) covers tokens
-/// `p * partition_size .. min((p + 1) * partition_size, context_len)` and writes its
-/// normalised partial output, its max logit and its sum of exp; partitions past the
-/// context write nothing. Finish with [`paged_attention_v2_reduce`].
-///
-/// Grid (num_heads, num_seqs, max_partitions); see [`crate::launch::paged_attention_v2`].
-/// `tmp_out`: `f32[num_seqs, num_heads, max_partitions, D]`; `max_logits`, `exp_sums`:
-/// `f32[num_seqs, num_heads, max_partitions]`; other shapes as [`paged_attention_v1`].
-///
-/// # Safety
-/// As [`paged_attention_v1`], with dynamic shared memory of `4 * partition_size` bytes
-/// and `max_partitions >= ceil(max(context_lens) / partition_size)`.
-pub unsafe fn paged_attention_v2<T: Storage, const D: usize>(
-    tmp_out: *mut f32,
-    max_logits: *mut f32,
-    exp_sums: *mut f32,
-    q: *const T,
-    k_cache: *const T,
-    v_cache: *const T,
-    block_tables: *const u32,
-    context_lens: *const u32,
-    num_kv_heads: u32,
-    scale: f32,
-    block_size: u32,
-    max_blocks_per_seq: u32,
-    partition_size: u32,
-) {
-    let (head, seq, num_heads) = (
-        block_idx_x() as usize,
-        block_idx_y() as usize,
-        grid_dim_x() as usize,
-    );
-    let (part, parts) = (block_idx_z() as usize, grid_dim_z() as usize);
-    // SAFETY: per the function contract.
-    unsafe {
-        let ctx = *context_lens.add(seq) as usize;
-        let start = part * partition_size as usize;
-        if start >= ctx {
-            return;
-        }
-        let end = ctx.min(start + partition_size as usize);
-        let kv = KvView {
-            k_cache,
-            v_cache,
-            block_table: block_tables.add(seq * max_blocks_per_seq as usize),
-            kv_head: head / (num_heads / num_kv_heads as usize),
-            num_kv_heads: num_kv_heads as usize,
-            block_size: block_size as usize,
-        };
-        let slot = (seq * num_heads + head) * parts + part;
-        let o = tmp_out.add(slot * D);
-        let q = q.add((seq * num_heads + head) * D);
-        let (m, s) = attend::<T, D>(q, kv, start, end, scale, |d, acc, sum| {
-            *o.add(d) = acc / sum
-        });
-        if thread_idx_x() == 0 {
-            *max_logits.add(slot) = m;
-            *exp_sums.add(slot) = s;
-        }
-    }
-}
-
-/// Split-K reduce: combines the partitions of [`paged_attention_v2`] into
+/// Split-K reduce: combines the partitions of [`crate::decode::paged_attention_v2`] into
 /// `out[s, h] = sum_p w_p * tmp_out[s, h, p] / sum_p w_p`, with
 /// `w_p = exp_sums[p] * exp(max_logits[p] - max_p max_logits)`.
 ///
@@ -267,7 +38,7 @@ pub unsafe fn paged_attention_v2<T: Storage, const D: usize>(
 /// and reads the O(partitions) weights itself. A zero-length context yields zeros.
 ///
 /// # Safety
-/// Buffers as written by [`paged_attention_v2`] with the same `partition_size` and
+/// Buffers as written by [`crate::decode::paged_attention_v2`] with the same `partition_size` and
 /// `max_partitions`; `out` is `[num_seqs, num_heads, D]`.
 pub unsafe fn paged_attention_v2_reduce<T: Storage, const D: usize>(
     out: *mut T,
@@ -314,21 +85,38 @@ pub unsafe fn paged_attention_v2_reduce<T: Storage, const D: usize>(
     }
 }
 
+/// Query rows of one sequence that one prefill block serves (each K/V vector it streams
+/// is used by all of them).
+pub const PREFILL_TILE: usize = crate::decode::MAX_GROUP;
+
 /// Prefill / chunked-prefill attention over variable-length sequences in one launch.
 ///
 /// Query tokens of all sequences are concatenated: sequence `s` owns query rows
 /// `query_start_loc[s] .. query_start_loc[s + 1]`, which are its last tokens, so query
 /// row `i` of `s` sits at position `context_lens[s] - q_len + i` and attends (causal mask)
 /// to cached tokens `0..=position`, the cached prefix included. K/V of the new tokens
-/// must already be in the cache (`reshape_and_cache` first). One block per (head, query
-/// token); the owning sequence is found by binary search over `query_start_loc`.
+/// must already be in the cache (`reshape_and_cache` first). Decode tokens of a mixed
+/// batch are sequences with one query row. Grid (head, query token); the owning sequence
+/// is found by binary search over `query_start_loc`, and the block of every
+/// [`PREFILL_TILE`]-th query row of a sequence serves that row and the next ones (up to
+/// `PREFILL_TILE`), the other blocks return at once.
+///
+/// Thread mapping: the streaming kernel of [`crate::decode`] with the tile's query rows in
+/// place of a GQA group's heads (16-byte K/V loads, warps over whole KV blocks, online
+/// softmax in registers, causal mask per row, one cross-warp merge), so nothing in shared
+/// memory grows with the context: any context length runs. Cost: K/V bytes `2 * sum over
+/// tiles of (last position + 1) * head_dim * sizeof(T)` per head, i.e. `1 / PREFILL_TILE`
+/// of one read per query row; FLOPs `4 * sum(position + 1) * num_heads * head_dim` on CUDA
+/// cores. Not yet FlashAttention-2 with tensor cores (`mma.sync`): that is the next step.
 ///
 /// Grid (num_heads, num_tokens); see [`crate::launch::prefill_attention`]. `out`, `q`:
 /// `[num_tokens, num_heads, D]`; `query_start_loc`: `[num_seqs + 1]`, starting at 0 and
-/// non-decreasing; other shapes as [`paged_attention_v1`].
+/// non-decreasing; other shapes as [`crate::decode::paged_attention_v1`].
 ///
 /// # Safety
-/// As [`paged_attention_v1`], plus `q_len <= context_len` for every sequence.
+/// As [`crate::decode::paged_attention_v1`] (dynamic shared memory of
+/// [`crate::launch::decode_shared_bytes`]`(D, threads)`), plus `q_len <= context_len` for
+/// every sequence.
 pub unsafe fn prefill_attention<T: Storage, const D: usize>(
     out: *mut T,
     q: *const T,
@@ -359,20 +147,32 @@ pub unsafe fn prefill_attention<T: Storage, const D: usize>(
         let seq = lo as usize;
         let q_start = *query_start_loc.add(seq);
         let q_len = *query_start_loc.add(seq + 1) - q_start;
+        let i = tok - q_start;
+        // The block of the tile's first row serves the tile; the others have nothing to do.
+        if !i.is_multiple_of(PREFILL_TILE as u32) {
+            return;
+        }
+        let rows = (q_len - i).min(PREFILL_TILE as u32) as usize;
         let ctx = *context_lens.add(seq);
-        let pos = (ctx - q_len + (tok - q_start)) as usize;
-        let kv = KvView {
+        let pos = (ctx - q_len + i) as usize;
+        let kv_head = head / (num_heads / num_kv_heads as usize);
+        let row = (tok as usize * num_heads + head) * D;
+        let w = crate::decode::Work {
+            q: q.add(row),
+            q_stride: num_heads * D,
+            causal: pos,
             k_cache,
             v_cache,
             block_table: block_tables.add(seq * max_blocks_per_seq as usize),
-            kv_head: head / (num_heads / num_kv_heads as usize),
             num_kv_heads: num_kv_heads as usize,
+            kv_head,
             block_size: block_size as usize,
+            head0: head,
+            hpb: rows,
         };
-        let row = (tok as usize * num_heads + head) * D;
         let o = out.add(row);
-        attend::<T, D>(q.add(row), kv, 0, pos + 1, scale, |d, acc, sum| {
-            *o.add(d) = T::from_f32(acc / sum)
+        crate::decode::attend_group::<T, D>(w, 0, pos + rows, scale, |r, d, v, _, _| {
+            *o.add(r * num_heads * D + d) = T::from_f32(v)
         });
     }
 }

@@ -82,3 +82,82 @@ pub unsafe fn copy_blocks<T: Storage>(
         }
     }
 }
+
+/// Rotary embedding fused with the cache write, one launch instead of
+/// `rotary_embedding` + `reshape_and_cache`: for token `t` at position `positions[t]`,
+/// rotates its query heads in place (rotate-half form, as
+/// [`crate::elementwise::rotary_embedding`]) and writes its rotated key heads and its
+/// value heads to cache slot `slot_mapping[t]` (the source key is left unrotated: attention
+/// reads K from the cache).
+///
+/// Thread mapping: one block per token (grid x, [`crate::launch::per_row`]); thread `i`
+/// takes items `i, i + threads, ...` of `(num_heads + num_kv_heads) * rot_dim / 2`
+/// rotation pairs, then of the `num_kv_heads * head_dim` value elements and the key
+/// elements past `rot_dim` (consecutive threads, consecutive addresses). No shared memory.
+/// Bytes per token: `2 * (num_heads + 2 * num_kv_heads) * head_dim * sizeof(T)` plus
+/// `4 * rot_dim` of cos/sin; the floor is those bytes over the copy bandwidth.
+/// `*_stride`: element distance between consecutive tokens (views into a fused QKV
+/// buffer allowed).
+///
+/// # Safety
+/// `query`: `num_tokens` rows of `num_heads * head_dim` at `query_stride`; `key`, `value`:
+/// rows of `num_kv_heads * head_dim` at their strides, not overlapping `query`'s heads;
+/// `positions[t] < max_position` of `cos_sin_cache` (`f32[max_position, rot_dim]`);
+/// `rot_dim` even and `<= head_dim`; slots in range of both caches and distinct.
+pub unsafe fn rotary_embedding_and_cache<T: Storage>(
+    positions: *const u32,
+    query: *mut T,
+    key: *const T,
+    value: *const T,
+    k_cache: *mut T,
+    v_cache: *mut T,
+    slot_mapping: *const u32,
+    cos_sin_cache: *const f32,
+    num_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    rot_dim: u32,
+    query_stride: u32,
+    key_stride: u32,
+    value_stride: u32,
+) {
+    let t = block_idx_x() as usize;
+    let (hd, half) = (head_dim as usize, rot_dim as usize / 2);
+    let (nq, nk) = (num_heads as usize, num_kv_heads as usize);
+    let threads = block_dim_x() as usize;
+    // SAFETY: per the function contract; every output element is written by one thread.
+    unsafe {
+        let cs = cos_sin_cache.add(*positions.add(t) as usize * rot_dim as usize);
+        let slot = *slot_mapping.add(t) as usize;
+        let q = query.add(t * query_stride as usize);
+        let k = key.add(t * key_stride as usize);
+        let v = value.add(t * value_stride as usize);
+        let (kc, vc) = (k_cache.add(slot * nk * hd), v_cache.add(slot * nk * hd));
+        let mut i = thread_idx_x() as usize;
+        while i < (nq + nk) * half {
+            let (h, j) = (i / half, i % half);
+            let (c, s) = (*cs.add(j), *cs.add(half + j));
+            if h < nq {
+                let x = q.add(h * hd);
+                let (x1, x2) = ((*x.add(j)).to_f32(), (*x.add(j + half)).to_f32());
+                *x.add(j) = T::from_f32(x1 * c - x2 * s);
+                *x.add(j + half) = T::from_f32(x2 * c + x1 * s);
+            } else {
+                let h = h - nq;
+                let (x, y) = (k.add(h * hd), kc.add(h * hd));
+                let (x1, x2) = ((*x.add(j)).to_f32(), (*x.add(j + half)).to_f32());
+                *y.add(j) = T::from_f32(x1 * c - x2 * s);
+                *y.add(j + half) = T::from_f32(x2 * c + x1 * s);
+            }
+            i += threads;
+        }
+        let mut i = thread_idx_x() as usize;
+        while i < nk * hd {
+            *vc.add(i) = *v.add(i);
+            if i % hd >= 2 * half {
+                *kc.add(i) = *k.add(i);
+            }
+            i += threads;
+        }
+    }
+}

@@ -124,8 +124,9 @@ macro_rules! define_kernels {
 
 define_kernels! {
     family (out: *mut T, q: *const T, k_cache: *const T, v_cache: *const T, block_tables: *const u32,
-            context_lens: *const u32, num_kv_heads: u32, scale: f32, block_size: u32, max_blocks_per_seq: u32)
-        => crate::attention::paged_attention_v1::<T, D>;
+            context_lens: *const u32, num_heads: u32, num_kv_heads: u32, scale: f32, block_size: u32,
+            max_blocks_per_seq: u32)
+        => crate::decode::paged_attention_v1::<T, D>;
     {
         paged_attention_v1_f32_h16: f32, 16; paged_attention_v1_f32_h64: f32, 64; paged_attention_v1_f32_h80: f32, 80;
         paged_attention_v1_f32_h96: f32, 96; paged_attention_v1_f32_h128: f32, 128;
@@ -138,9 +139,9 @@ define_kernels! {
         paged_attention_v1_bf16_h256: bf16, 256;
     }
     family (tmp_out: *mut f32, max_logits: *mut f32, exp_sums: *mut f32, q: *const T, k_cache: *const T,
-            v_cache: *const T, block_tables: *const u32, context_lens: *const u32, num_kv_heads: u32, scale: f32,
-            block_size: u32, max_blocks_per_seq: u32, partition_size: u32)
-        => crate::attention::paged_attention_v2::<T, D>;
+            v_cache: *const T, block_tables: *const u32, context_lens: *const u32, num_heads: u32,
+            num_kv_heads: u32, scale: f32, block_size: u32, max_blocks_per_seq: u32, partition_size: u32)
+        => crate::decode::paged_attention_v2::<T, D>;
     {
         paged_attention_v2_f32_h16: f32, 16; paged_attention_v2_f32_h64: f32, 64; paged_attention_v2_f32_h80: f32, 80;
         paged_attention_v2_f32_h96: f32, 96; paged_attention_v2_f32_h128: f32, 128;
@@ -185,6 +186,15 @@ define_kernels! {
             num_kv_heads: u32, head_dim: u32, key_stride: u32, value_stride: u32)
         => crate::cache::reshape_and_cache::<T>;
     { reshape_and_cache_f32: f32, 0; reshape_and_cache_f16: f16, 0; reshape_and_cache_bf16: bf16, 0; }
+    family (positions: *const u32, query: *mut T, key: *const T, value: *const T, k_cache: *mut T,
+            v_cache: *mut T, slot_mapping: *const u32, cos_sin_cache: *const f32, num_heads: u32,
+            num_kv_heads: u32, head_dim: u32, rot_dim: u32, query_stride: u32, key_stride: u32,
+            value_stride: u32)
+        => crate::cache::rotary_embedding_and_cache::<T>;
+    {
+        rotary_embedding_and_cache_f32: f32, 0; rotary_embedding_and_cache_f16: f16, 0;
+        rotary_embedding_and_cache_bf16: bf16, 0;
+    }
     family (key_cache_ptrs: *const u64, value_cache_ptrs: *const u64, block_mapping: *const u32, numel_per_block: u32)
         => crate::cache::copy_blocks::<T>;
     { copy_blocks_f32: f32, 0; copy_blocks_f16: f16, 0; copy_blocks_bf16: bf16, 0; }
@@ -202,4 +212,6 @@ define_kernels! {
     { silu_and_mul_f32: f32, 0; silu_and_mul_f16: f16, 0; silu_and_mul_bf16: bf16, 0; }
     family (out: *mut T, ids: *const u32, table: *const T, hidden: u32) => crate::elementwise::embedding::<T>;
     { embedding_f32: f32, 0; embedding_f16: f16, 0; embedding_bf16: bf16, 0; }
+    family (out: *mut f32, logits: *const T, vocab: u32) => crate::sampling::greedy_rows::<T>;
+    { greedy_rows_f32: f32, 0; }
 }

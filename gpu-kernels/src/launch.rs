@@ -55,18 +55,34 @@ pub const ATTN_THREADS: u32 = 128;
 /// Threads per block used by the row-wise kernels on a GPU.
 pub const ROW_THREADS: u32 = 256;
 
-/// `paged_attention_v1_*`: grid (heads, seqs); logits of the longest context in
-/// dynamic shared memory (`4 * max_context_len` bytes).
-pub const fn paged_attention_v1(
+/// Dynamic shared memory of the decode kernels ([`crate::decode`]): one partial
+/// softmax state per warp (`MAX_GROUP * head_dim + 2 * MAX_GROUP` floats). 33 KB at
+/// head 256 and 4 warps ([`ATTN_THREADS`]); nothing depends on the context length. Past
+/// 48 KB (8 warps at head 256) a CUDA launch needs the function's
+/// `MAX_DYNAMIC_SHARED_SIZE_BYTES` attribute raised first.
+pub const fn decode_shared_bytes(head_dim: u32, threads: u32) -> u32 {
+    let g = crate::decode::MAX_GROUP as u32;
+    (threads / 32) * (g * head_dim + 2 * g) * 4
+}
+
+/// Blocks along grid x of the decode kernels: one per slice of a KV head's query group.
+pub const fn decode_grid_x(num_heads: u32, num_kv_heads: u32) -> u32 {
+    num_kv_heads * crate::decode::group_split(num_heads, num_kv_heads).0
+}
+
+/// `paged_attention_v1_*`: grid (KV group slices, seqs); see [`decode_shared_bytes`].
+/// [`plan_decode`] chooses between this and [`decode_v2`].
+pub const fn decode_v1(
     num_seqs: u32,
     num_heads: u32,
-    max_context_len: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
     threads: u32,
 ) -> LaunchConfig {
     LaunchConfig {
-        grid: Dim3::xy(num_heads, num_seqs),
+        grid: Dim3::xy(decode_grid_x(num_heads, num_kv_heads), num_seqs),
         block: Dim3::x(threads),
-        shared_mem_bytes: 4 * max_context_len,
+        shared_mem_bytes: decode_shared_bytes(head_dim, threads),
     }
 }
 
@@ -75,23 +91,133 @@ pub const fn num_partitions(context_len: u32, partition_size: u32) -> u32 {
     context_len.div_ceil(partition_size)
 }
 
-/// `paged_attention_v2_*`: grid (heads, seqs, partitions of the longest context).
-pub const fn paged_attention_v2(
+/// `paged_attention_v2_*`: grid (KV group slices, seqs, partitions of the longest
+/// context); see [`decode_shared_bytes`]. Finish with [`paged_attention_v2_reduce`].
+pub const fn decode_v2(
     num_seqs: u32,
     num_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
     max_context_len: u32,
     partition_size: u32,
     threads: u32,
 ) -> LaunchConfig {
     LaunchConfig {
         grid: Dim3::xyz(
-            num_heads,
+            decode_grid_x(num_heads, num_kv_heads),
             num_seqs,
             num_partitions(max_context_len, partition_size),
         ),
         block: Dim3::x(threads),
-        shared_mem_bytes: 4 * partition_size,
+        shared_mem_bytes: decode_shared_bytes(head_dim, threads),
     }
+}
+
+/// A decode batch as the planner sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeShape {
+    /// Sequences in the batch.
+    pub num_seqs: u32,
+    /// Query heads.
+    pub num_heads: u32,
+    /// KV heads (divides `num_heads`).
+    pub num_kv_heads: u32,
+    /// Head size.
+    pub head_dim: u32,
+    /// Longest context of the batch, tokens.
+    pub max_context_len: u32,
+    /// Sum of the batch's context lengths, tokens.
+    pub total_context_len: u64,
+    /// KV cache block size, tokens (the partition is a multiple of it).
+    pub block_size: u32,
+    /// Streaming multiprocessors of the device (132 on an H200).
+    pub sm_count: u32,
+    /// Threads per block of the launch.
+    pub threads: u32,
+}
+
+/// The decode launch chosen by [`plan_decode`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodePlan {
+    /// One pass: `paged_attention_v1` with this geometry.
+    V1(LaunchConfig),
+    /// Split-K: `paged_attention_v2` then `paged_attention_v2_reduce`.
+    V2 {
+        /// Geometry of `paged_attention_v2`.
+        attention: LaunchConfig,
+        /// Geometry of `paged_attention_v2_reduce`.
+        reduce: LaunchConfig,
+        /// Tokens per partition (a multiple of the block size and of 64).
+        partition_size: u32,
+        /// Partitions of the longest context (the scratch is
+        /// `num_seqs * num_heads * max_partitions` slots of `head_dim` floats).
+        max_partitions: u32,
+    },
+}
+
+/// Resident decode blocks per SM the planner counts on: ptxas gives the decode entries
+/// 175-186 registers per thread (sm_90), so a 128-thread block holds about 23K of the
+/// SM's 64K registers and two fit.
+pub const DECODE_BLOCKS_PER_SM: u32 = 2;
+/// Smallest split-K partition, tokens: below it the reduce and the per-block setup
+/// (query staging, warp merge) stop being small next to the streamed K/V.
+pub const MIN_PARTITION: u32 = 256;
+
+/// Chooses v1 or split-K v2 and its partition size at run time.
+///
+/// Rule: the single pass runs one block per (KV group slice, sequence). When that fills
+/// [`DECODE_BLOCKS_PER_SM`] blocks on every SM, or the longest context is at most
+/// [`MIN_PARTITION`] tokens, v1 is taken: nothing is gained by splitting and v2 adds a
+/// scratch round trip and a launch. Otherwise the partition is the largest power of two
+/// `>= MIN_PARTITION` (rounded up to a multiple of the block size) that still gives
+/// enough blocks, counting only the partitions real contexts have (ragged batches: the
+/// average context, not the longest, decides how many blocks do work).
+pub fn plan_decode(s: DecodeShape) -> DecodePlan {
+    let gx = decode_grid_x(s.num_heads, s.num_kv_heads);
+    let v1_blocks = gx as u64 * s.num_seqs as u64;
+    let target = s.sm_count as u64 * DECODE_BLOCKS_PER_SM as u64;
+    if v1_blocks >= target || s.max_context_len <= MIN_PARTITION || s.num_seqs == 0 {
+        return DecodePlan::V1(decode_v1(
+            s.num_seqs,
+            s.num_heads,
+            s.num_kv_heads,
+            s.head_dim,
+            s.threads,
+        ));
+    }
+    let round = |p: u32| p.div_ceil(s.block_size.max(1)) * s.block_size.max(1);
+    let mut part = round(MIN_PARTITION);
+    // Grow the partition while the working blocks (per sequence, its own partitions)
+    // still reach the target with the larger size.
+    while part < s.max_context_len {
+        let next = round(part * 2);
+        let blocks = gx as u64 * working_partitions(s, next);
+        if blocks < target {
+            break;
+        }
+        part = next;
+    }
+    let max_partitions = num_partitions(s.max_context_len, part);
+    DecodePlan::V2 {
+        attention: decode_v2(
+            s.num_seqs,
+            s.num_heads,
+            s.num_kv_heads,
+            s.head_dim,
+            s.max_context_len,
+            part,
+            s.threads,
+        ),
+        reduce: paged_attention_v2_reduce(s.num_seqs, s.num_heads, s.threads),
+        partition_size: part,
+        max_partitions,
+    }
+}
+
+/// Partitions that hold tokens, estimated from the average context of the batch.
+fn working_partitions(s: DecodeShape, part: u32) -> u64 {
+    let avg = s.total_context_len.div_ceil(s.num_seqs.max(1) as u64);
+    s.num_seqs as u64 * avg.div_ceil(part as u64).max(1)
 }
 
 /// `paged_attention_v2_reduce_*`: grid (heads, seqs), no dynamic shared memory.
@@ -107,17 +233,20 @@ pub const fn paged_attention_v2_reduce(
     }
 }
 
-/// `prefill_attention_*`: grid (heads, query tokens); logits of the longest context.
+/// `prefill_attention_*`: grid (heads, query tokens); dynamic shared memory of
+/// [`decode_shared_bytes`] for the largest head size, independent of the context
+/// (`max_context_len` is no longer used; kept in the signature for callers).
 pub const fn prefill_attention(
     num_tokens: u32,
     num_heads: u32,
     max_context_len: u32,
     threads: u32,
 ) -> LaunchConfig {
+    let _ = max_context_len;
     LaunchConfig {
         grid: Dim3::xy(num_heads, num_tokens),
         block: Dim3::x(threads),
-        shared_mem_bytes: 4 * max_context_len,
+        shared_mem_bytes: decode_shared_bytes(crate::attention::MAX_HEAD_DIM as u32, threads),
     }
 }
 

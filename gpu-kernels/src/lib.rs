@@ -31,12 +31,14 @@ extern crate std;
 
 pub mod attention;
 pub mod cache;
+pub mod decode;
 pub mod device;
 pub mod elementwise;
 pub mod entries;
 pub mod launch;
 pub mod norm;
 mod reduce;
+pub mod sampling;
 pub mod sig;
 mod storage;
 

@@ -1,17 +1,28 @@
 //! RMSNorm and fused residual-add + RMSNorm (Llama).
 //!
-//! Thread mapping: one block per row (grid x); thread `i` handles elements
-//! `i, i + threads, ...`; the sum of squares is a block reduction (warp shuffles, then
-//! `f32[32]` static shared memory). Two passes over the row, O(hidden) per block.
+//! Thread mapping: one block per row (grid x); when `hidden * sizeof(T)` is a multiple of
+//! 16 bytes and the row's pointers are 16-byte aligned (checked per row), thread `i` handles the 16-byte vectors `i, i + threads, ...` of the row
+//! (`ld.global.v4` / `st.global.v4`, 8 bf16/f16 or 4 f32 per access), otherwise elements
+//! `i, i + threads, ...`. The sum of squares is a block reduction (warp shuffles, then
+//! `f32[32]` static shared memory). Two passes over the row (the second re-reads from L1/L2).
+//!
+//! Bytes per row: `rms_norm` `(2 * hidden + hidden) * sizeof(T)` (in, out, weight from L2
+//! after the first rows), `fused_add_rms_norm` `4 * hidden * sizeof(T)` (input and
+//! residual read, both written); FLOPs O(hidden). The floor is those bytes over the copy
+//! bandwidth.
 
-use crate::device::{block_dim_x, block_idx_x, sqrt, thread_idx_x};
+#![allow(clippy::needless_range_loop)] // parallel register arrays, constant-bounded unrolled loops
+
+use crate::device::{
+    block_dim_x, block_idx_x, ld_global_nc_v4, ld_global_v4, sqrt, st_global_v4, thread_idx_x,
+};
 use crate::reduce::block_sum;
 use crate::Storage;
 
 /// `out[r] = input[r] / sqrt(mean(input[r]^2) + eps) * weight`, computed in `f32`.
 ///
 /// # Safety
-/// `out`, `input`: `[rows, hidden]`; `weight`: `[hidden]`; grid x = rows.
+/// `out`, `input`: `[rows, hidden]`, not aliased; `weight`: `[hidden]`; grid x = rows.
 pub unsafe fn rms_norm<T: Storage>(
     out: *mut T,
     input: *const T,
@@ -25,6 +36,32 @@ pub unsafe fn rms_norm<T: Storage>(
     // SAFETY: per the function contract.
     unsafe {
         let x = input.add(row);
+        if n.is_multiple_of(T::VEC) && aligned16(&[x as usize, out as usize, weight as usize]) {
+            let (vec, nv) = (T::VEC, n / T::VEC);
+            let mut ss = 0.0f32;
+            let mut j = tid;
+            while j < nv {
+                let a = T::unpack(ld_global_nc_v4(x.add(j * vec).cast()));
+                for e in 0..vec {
+                    ss += a[e] * a[e];
+                }
+                j += threads;
+            }
+            let inv = 1.0 / sqrt(block_sum(ss) / n as f32 + eps);
+            let o = out.add(row);
+            let mut j = tid;
+            while j < nv {
+                let a = T::unpack(ld_global_nc_v4(x.add(j * vec).cast()));
+                let w = T::unpack(ld_global_nc_v4(weight.add(j * vec).cast()));
+                let mut y = [0.0f32; 8];
+                for e in 0..vec {
+                    y[e] = a[e] * inv * w[e];
+                }
+                st_global_v4(o.add(j * vec).cast(), T::pack(y));
+                j += threads;
+            }
+            return;
+        }
         let mut ss = 0.0f32;
         let mut i = tid;
         while i < n {
@@ -60,6 +97,40 @@ pub unsafe fn fused_add_rms_norm<T: Storage>(
     // SAFETY: per the function contract; each element is read and written by one thread.
     unsafe {
         let (x, r) = (input.add(row), residual.add(row));
+        if n.is_multiple_of(T::VEC) && aligned16(&[x as usize, r as usize, weight as usize]) {
+            let (vec, nv) = (T::VEC, n / T::VEC);
+            let mut ss = 0.0f32;
+            let mut j = tid;
+            while j < nv {
+                let a = T::unpack(ld_global_v4(x.add(j * vec).cast()));
+                let b = T::unpack(ld_global_v4(r.add(j * vec).cast()));
+                let mut sum = [0.0f32; 8];
+                for e in 0..vec {
+                    sum[e] = a[e] + b[e];
+                }
+                let packed = T::pack(sum);
+                st_global_v4(r.add(j * vec).cast(), packed);
+                // The residual as stored (rounded to `T`) is what is normalised.
+                let v = T::unpack(packed);
+                for e in 0..vec {
+                    ss += v[e] * v[e];
+                }
+                j += threads;
+            }
+            let inv = 1.0 / sqrt(block_sum(ss) / n as f32 + eps);
+            let mut j = tid;
+            while j < nv {
+                let v = T::unpack(ld_global_v4(r.add(j * vec).cast()));
+                let w = T::unpack(ld_global_nc_v4(weight.add(j * vec).cast()));
+                let mut y = [0.0f32; 8];
+                for e in 0..vec {
+                    y[e] = v[e] * inv * w[e];
+                }
+                st_global_v4(x.add(j * vec).cast(), T::pack(y));
+                j += threads;
+            }
+            return;
+        }
         let mut ss = 0.0f32;
         let mut i = tid;
         while i < n {
@@ -76,4 +147,11 @@ pub unsafe fn fused_add_rms_norm<T: Storage>(
             i += threads;
         }
     }
+}
+
+/// Whether every address is 16-byte aligned (the vector path's requirement; otherwise the
+/// scalar path runs).
+#[inline(always)]
+fn aligned16(addrs: &[usize]) -> bool {
+    addrs.iter().all(|a| a % 16 == 0)
 }

@@ -1,8 +1,8 @@
 //! reshape_and_cache and copy_blocks on the emulator against plain-Rust references.
 mod common;
 
-use common::{assert_bits_eq, TestRng, BF16, F16, THREADS};
-use gpu_kernels::cache::{copy_blocks, reshape_and_cache};
+use common::{assert_bits_eq, assert_close, TestRng, BF16, F16, THREADS};
+use gpu_kernels::cache::{copy_blocks, reshape_and_cache, rotary_embedding_and_cache};
 use gpu_kernels::device::emu::launch;
 use gpu_kernels::{launch as geom, Storage};
 
@@ -122,4 +122,110 @@ fn copy_blocks_all_dtypes() {
     copy_case::<f32>("copy_blocks_f32");
     copy_case::<F16>("copy_blocks_f16");
     copy_case::<BF16>("copy_blocks_bf16");
+}
+
+/// Rotate-half of the `rot` first dims of one head row, in f64.
+fn rotate(x: &[f64], cs: &[f32], rot: usize) -> Vec<f64> {
+    let mut y = x.to_vec();
+    for j in 0..rot / 2 {
+        let (c, s) = (cs[j] as f64, cs[rot / 2 + j] as f64);
+        y[j] = x[j] * c - x[j + rot / 2] * s;
+        y[j + rot / 2] = x[j + rot / 2] * c + x[j] * s;
+    }
+    y
+}
+
+fn rotary_cache_case<T: Storage>(name: &str) {
+    let mut r = TestRng::new(name);
+    let (bs, heads, kvh, d) = (
+        [8usize, 16, 32][r.range(0, 2)],
+        [3usize, 4, 9][r.range(0, 2)],
+        r.range(1, 3),
+        [64usize, 80, 128][r.range(0, 2)],
+    );
+    let rot = if r.range(0, 1) == 0 { d } else { d / 2 };
+    let (num_blocks, max_pos) = (r.range(2, 4), 64usize);
+    let mut cs = vec![0f32; max_pos * rot];
+    for p in 0..max_pos {
+        for j in 0..rot / 2 {
+            let a = p as f64 / 10000f64.powf(2.0 * j as f64 / rot as f64);
+            cs[p * rot + j] = a.cos() as f32;
+            cs[p * rot + rot / 2 + j] = a.sin() as f32;
+        }
+    }
+    let tokens = r.range(1, num_blocks * bs);
+    let slots: Vec<u32> = r.shuffled(num_blocks * bs)[..tokens].to_vec();
+    let positions: Vec<u32> = (0..tokens)
+        .map(|_| r.range(0, max_pos - 1) as u32)
+        .collect();
+    // One fused QKV buffer: q, k, v of a token side by side, as the engine lays it out.
+    let (qw, kw) = (heads * d, kvh * d);
+    let stride = qw + 2 * kw;
+    let qkv: Vec<T> = r.vec(tokens * stride, -2.0, 2.0);
+    let row = kvh * d;
+    let kc: Vec<T> = r.vec(num_blocks * bs * row, -2.0, 2.0);
+    let vc: Vec<T> = r.vec(num_blocks * bs * row, -2.0, 2.0);
+    let f = |v: &[T]| v.iter().map(|x| x.to_f32() as f64).collect::<Vec<f64>>();
+    let (mut want_q, mut want_k, mut want_v) = (f(&qkv), f(&kc), f(&vc));
+    for t in 0..tokens {
+        let c = &cs[positions[t] as usize * rot..][..rot];
+        let s = slots[t] as usize;
+        for h in 0..heads {
+            let o = t * stride + h * d;
+            let y = rotate(&f(&qkv[o..o + d]), c, rot);
+            want_q[o..o + d].copy_from_slice(&y);
+        }
+        for h in 0..kvh {
+            let o = t * stride + qw + h * d;
+            let y = rotate(&f(&qkv[o..o + d]), c, rot);
+            want_k[s * row + h * d..][..d].copy_from_slice(&y);
+            let ov = t * stride + qw + kw + h * d;
+            want_v[s * row + h * d..][..d].copy_from_slice(&f(&qkv[ov..ov + d]));
+        }
+    }
+    let (mut qkv_o, mut kc_o, mut vc_o) = (qkv.clone(), kc.clone(), vc.clone());
+    let base = qkv_o.as_mut_ptr();
+    let (pp, sp, cp, kcp, vcp) = (
+        positions.as_ptr(),
+        slots.as_ptr(),
+        cs.as_ptr(),
+        kc_o.as_mut_ptr(),
+        vc_o.as_mut_ptr(),
+    );
+    // SAFETY: q, k, v are disjoint views of `qkv_o` at `stride`; slots distinct and in
+    // range; positions < max_pos.
+    unsafe {
+        let (kp, vp) = (base.add(qw) as *const T, base.add(qw + kw) as *const T);
+        launch(geom::per_row(tokens as u32, THREADS), || {
+            rotary_embedding_and_cache::<T>(
+                pp,
+                base,
+                kp,
+                vp,
+                kcp,
+                vcp,
+                sp,
+                cp,
+                heads as u32,
+                kvh as u32,
+                d as u32,
+                rot as u32,
+                stride as u32,
+                stride as u32,
+                stride as u32,
+            )
+        })
+    };
+    let what = format!("rotary+cache heads={heads}/{kvh} d={d} rot={rot} bs={bs}");
+    // The source key and value are left as they were; q is rotated in place.
+    assert_close(&format!("{what} q"), r.seed, &qkv_o, &want_q);
+    assert_close(&format!("{what} k cache"), r.seed, &kc_o, &want_k);
+    assert_close(&format!("{what} v cache"), r.seed, &vc_o, &want_v);
+}
+
+#[test]
+fn rotary_embedding_and_cache_all_dtypes() {
+    rotary_cache_case::<f32>("rotary_cache_f32");
+    rotary_cache_case::<F16>("rotary_cache_f16");
+    rotary_cache_case::<BF16>("rotary_cache_bf16");
 }

@@ -1,7 +1,7 @@
 //! The model hyper-parameters the engine needs, whatever file they came from.
 
 /// Model families that share the Llama forward pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Architecture {
     /// `LlamaForCausalLM` (also GGUF `llama`).
     Llama,
@@ -9,6 +9,30 @@ pub enum Architecture {
     Mistral,
     /// `Qwen2ForCausalLM`: Llama with biases on the q/k/v projections.
     Qwen2,
+    /// Gemma 3 (text): sliding-window local layers, q/k norms, post-norms,
+    /// GELU-tanh MLP, embedding scaled by `sqrt(hidden)`.
+    Gemma3(Gemma3Params),
+}
+
+/// What Gemma 3 adds to the shared hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemma3Params {
+    /// Keys a local layer's query sees: positions `p - sliding_window + 1 ..= p`.
+    pub sliding_window: usize,
+    /// Every `global_every`-th layer (layers `global_every - 1`, `2 * global_every - 1`, ...)
+    /// attends globally; the others are local (Gemma 3: 6).
+    pub global_every: usize,
+    /// Rotary base of the local layers (`rope_theta` is the global layers').
+    pub rope_local_theta: f32,
+    /// Attention scores are scaled by `query_pre_attn_scalar ^ -0.5`.
+    pub query_pre_attn_scalar: f32,
+}
+
+impl Gemma3Params {
+    /// Whether layer `layer` (0-based) uses the sliding window.
+    pub fn is_local(&self, layer: usize) -> bool {
+        self.global_every == 0 || !(layer + 1).is_multiple_of(self.global_every)
+    }
 }
 
 /// Rotary-embedding frequency scaling (`rope_scaling` in `config.json`).
@@ -77,6 +101,18 @@ impl ModelConfig {
         }
         if !(self.rms_norm_eps > 0.0 && self.rope_theta > 0.0) {
             return bad("rms_norm_eps and rope_theta must be positive".into());
+        }
+        if let Architecture::Gemma3(g) = self.architecture {
+            if g.sliding_window == 0 || g.global_every == 0 {
+                return bad(
+                    "gemma3 sliding_window and global layer period must be positive".into(),
+                );
+            }
+            if !(g.rope_local_theta > 0.0 && g.query_pre_attn_scalar > 0.0) {
+                return bad(
+                    "gemma3 local rope base and query_pre_attn_scalar must be positive".into(),
+                );
+            }
         }
         Ok(())
     }

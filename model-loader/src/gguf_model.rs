@@ -1,7 +1,12 @@
 //! GGUF -> [`ModelConfig`] and [`ModelWeights`].
 //!
-//! Architectures `llama` (also used for Mistral-style models) and `qwen2`
-//! (q/k/v biases). Tensor names follow llama.cpp (`token_embd`,
+//! Architectures `llama` (also used for Mistral-style models), `qwen2`
+//! (q/k/v biases) and `gemma3` (q/k norms, post-norms; the sliding-window
+//! period 6 and the local rotary base 10,000 are not in the file's metadata:
+//! they are Gemma 3's constants, as llama.cpp also hard-codes them, unless
+//! `gemma3.attention.sliding_window_pattern` / `gemma3.rope.freq_base_swa` say
+//! otherwise; the attention scale is `head_dim ^ -0.5`, as llama.cpp uses for
+//! every Gemma 3 size but 27B). Tensor names follow llama.cpp (`token_embd`,
 //! `blk.N.attn_q`, ..., `output_norm`, `output`; no `output` = tied).
 //! GGUF dims are innermost-first, so a `[out, in]` HF weight has
 //! `dims = [in, out]`; the data is the same row-major bytes.
@@ -12,11 +17,11 @@
 //! O(total elements). Under [`WeightTypes::File`] the large block-quantized
 //! matrices are copied as they are (rows permuted as whole blocks).
 
-use crate::config::{Architecture, ModelConfig};
+use crate::config::{Architecture, Gemma3Params, ModelConfig};
 use crate::error::{LoaderError, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::quant::QuantType;
-use crate::weights::{LayerWeights, ModelWeights, QuantTensor, Tensor, Weight};
+use crate::weights::{GemmaNorms, LayerWeights, ModelWeights, QuantTensor, Tensor, Weight};
 
 /// How the large matrices are kept at load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -29,15 +34,21 @@ pub enum WeightTypes {
     F32,
 }
 
+/// Gemma 3's period of global layers (one in six).
+const GEMMA3_GLOBAL_EVERY: usize = 6;
+/// Gemma 3's rotary base on the local (sliding-window) layers.
+const GEMMA3_ROPE_LOCAL_THETA: f32 = 10_000.0;
+
 /// Reads the hyper-parameters from the metadata.
 pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
     let arch_name = g.get_str("general.architecture")?;
+    let key = |k: &str| format!("{arch_name}.{k}");
     let architecture = match arch_name {
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
+        "gemma3" => Architecture::Gemma3(gemma3_params(g, &key)?),
         other => return Err(LoaderError::UnsupportedArchitecture(other.to_string())),
     };
-    let key = |k: &str| format!("{arch_name}.{k}");
     let hidden_size = g.get_usize(&key("embedding_length"))?;
     let num_attention_heads = g.get_usize(&key("attention.head_count"))?;
     let num_key_value_heads = g
@@ -82,6 +93,27 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
     };
     config.validate()?;
     Ok(config)
+}
+
+/// Gemma 3's extra hyper-parameters (see the module docs for the defaults).
+fn gemma3_params(g: &GgufFile, key: &dyn Fn(&str) -> String) -> Result<Gemma3Params> {
+    let uint = |k: &str| g.get_opt(&key(k), "unsigned integer", |v| v.as_u64());
+    let num = |k: &str| g.get_opt(&key(k), "number", |v| v.as_f64());
+    let head_dim = match uint("attention.key_length")? {
+        Some(v) => v as f32,
+        None => {
+            let h = g.get_usize(&key("embedding_length"))?;
+            let n = g.get_usize(&key("attention.head_count"))?.max(1);
+            (h / n) as f32
+        }
+    };
+    Ok(Gemma3Params {
+        sliding_window: g.get_usize(&key("attention.sliding_window"))?,
+        global_every: uint("attention.sliding_window_pattern")?
+            .map_or(GEMMA3_GLOBAL_EVERY, |v| v as usize),
+        rope_local_theta: num("rope.freq_base_swa")?.map_or(GEMMA3_ROPE_LOCAL_THETA, |v| v as f32),
+        query_pre_attn_scalar: head_dim,
+    })
 }
 
 /// Inverse of llama.cpp's Q/K row permutation on a `[rows, cols]` matrix:
@@ -136,6 +168,7 @@ pub fn weights_from_gguf_as(
     types: WeightTypes,
 ) -> Result<ModelWeights<Weight>> {
     let permute = c.architecture == Architecture::Llama;
+    let gemma = matches!(c.architecture, Architecture::Gemma3(_));
     let (h, q, kv, ff) = (
         c.hidden_size,
         c.num_attention_heads * c.head_dim,
@@ -188,6 +221,14 @@ pub fn weights_from_gguf_as(
                 (b("attn_v.bias"), vec![kv], Post::None),
             ]);
         }
+        if gemma {
+            names.extend([
+                (b("attn_q_norm.weight"), vec![c.head_dim], Post::None),
+                (b("attn_k_norm.weight"), vec![c.head_dim], Post::None),
+                (b("post_attention_norm.weight"), vec![h], Post::None),
+                (b("post_ffw_norm.weight"), vec![h], Post::None),
+            ]);
+        }
     }
     let jobs = names
         .into_iter()
@@ -234,6 +275,16 @@ pub fn weights_from_gguf_as(
         } else {
             (None, None, None)
         };
+        let gemma = if gemma {
+            Some(GemmaNorms {
+                q_norm: f32(next()?),
+                k_norm: f32(next()?),
+                post_attn_norm: f32(next()?),
+                post_ffn_norm: f32(next()?),
+            })
+        } else {
+            None
+        };
         layers.push(LayerWeights {
             attn_norm,
             wq,
@@ -247,6 +298,7 @@ pub fn weights_from_gguf_as(
             w_gate,
             w_up,
             w_down,
+            gemma,
         });
     }
     Ok(ModelWeights {

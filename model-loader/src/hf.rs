@@ -255,6 +255,7 @@ pub fn read_weights(dir: &Path, c: &ModelConfig) -> Result<ModelWeights> {
             w_gate: get(&p("mlp.gate_proj.weight"), vec![ff, h])?,
             w_up: get(&p("mlp.up_proj.weight"), vec![ff, h])?,
             w_down: get(&p("mlp.down_proj.weight"), vec![h, ff])?,
+            gemma: None,
         });
     }
     let lm_head = if c.tie_word_embeddings {

@@ -25,12 +25,12 @@ pub mod weights;
 use std::path::Path;
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use config::{Architecture, Gemma3Params, ModelConfig, RopeScaling};
 pub use error::LoaderError;
 pub use gguf_model::WeightTypes;
 pub use quant::QuantType;
 pub use tokenizer::Tokenizer;
-pub use weights::{LayerWeights, ModelWeights, QuantTensor, Tensor, Weight};
+pub use weights::{GemmaNorms, LayerWeights, ModelWeights, QuantTensor, Tensor, Weight};
 
 /// Which on-disk layout a model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

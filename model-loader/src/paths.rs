@@ -8,6 +8,10 @@ use std::path::PathBuf;
 
 /// File name of the default model inside [`models_dir`].
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// Qwen2.5-Coder-0.5B-Instruct Q4_K_M (`cargo xtask fetch-model --model qwen2.5-coder-0.5b`).
+pub const QWEN25_CODER_FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+/// Gemma-3-270M (base) Q4_K_M (`cargo xtask fetch-model --model gemma-3-270m`).
+pub const GEMMA3_270M_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 
 /// The project's cache root.
 pub fn cache_dir() -> PathBuf {

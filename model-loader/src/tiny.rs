@@ -29,7 +29,7 @@ use crate::config::{Architecture, ModelConfig};
 use crate::error::{LoaderError, Result};
 use crate::gguf::writer::{permute_qk, GgufWriter};
 use crate::gguf::{GgmlType, GgufFile, MetaValue};
-use crate::tokenizer::gguf::GgufVocab;
+use crate::tokenizer::gguf::{GgufVocab, VocabModel};
 use crate::tokenizer::{byte_to_char_table, Tokenizer};
 use crate::weights::{LayerWeights, ModelWeights, Tensor};
 
@@ -132,6 +132,7 @@ pub fn tiny_weights() -> ModelWeights {
                 w_gate: lin(&n("mlp.gate_proj.weight"), ff, h),
                 w_up: lin(&n("mlp.up_proj.weight"), ff, h),
                 w_down: out_proj(&n("mlp.down_proj.weight"), h, ff),
+                gemma: None,
             }
         })
         .collect();
@@ -227,8 +228,10 @@ pub fn truncate_vocab(full: &GgufVocab, n: usize) -> Result<GgufVocab> {
         .enumerate()
         .map(|(i, t)| (t.as_str(), i))
         .collect();
-    let merges = full
-        .merges
+    let full_merges = full.bpe_merges().ok_or_else(|| {
+        LoaderError::Tokenizer("the tiny model needs a byte-level BPE source vocabulary".into())
+    })?;
+    let merges = full_merges
         .iter()
         .filter(|m| {
             m.split_once(' ').is_some_and(|(a, b)| {
@@ -244,7 +247,8 @@ pub fn truncate_vocab(full: &GgufVocab, n: usize) -> Result<GgufVocab> {
         pre: full.pre.clone(),
         token_types: kept.iter().map(|&i| full.token_types[i]).collect(),
         tokens,
-        merges,
+        model: VocabModel::Bpe { merges },
+        unk: full.unk.and_then(remap),
         bos: full.bos.and_then(remap),
         eos: full.eos.iter().filter_map(|&i| remap(i)).collect(),
         add_bos: full.add_bos,
@@ -339,7 +343,10 @@ fn gguf_bytes(vocab: &GgufVocab, template: &str, w: &ModelWeights) -> Result<Vec
                     .collect(),
             ),
         )
-        .meta("tokenizer.ggml.merges", strs(&vocab.merges));
+        .meta(
+            "tokenizer.ggml.merges",
+            strs(vocab.bpe_merges().unwrap_or_default()),
+        );
     if let Some(bos) = vocab.bos {
         g.meta("tokenizer.ggml.bos_token_id", MetaValue::U32(bos));
     }

@@ -153,6 +153,22 @@ pub struct LayerWeights<W = Tensor> {
     pub w_up: W,
     /// `[hidden, intermediate]`.
     pub w_down: W,
+    /// Gemma 3's extra norms; `None` for the Llama family.
+    pub gemma: Option<GemmaNorms>,
+}
+
+/// Gemma 3's per-layer norms beyond the Llama layout. Their weights are used
+/// as stored (`x * w`): llama.cpp's converter already folded Gemma's `1 + w`.
+#[derive(Debug, Clone)]
+pub struct GemmaNorms {
+    /// `[head_dim]`, RMSNorm of each query head before rotary.
+    pub q_norm: Tensor,
+    /// `[head_dim]`, RMSNorm of each key head before rotary.
+    pub k_norm: Tensor,
+    /// `[hidden]`, RMSNorm of the attention output before the residual add.
+    pub post_attn_norm: Tensor,
+    /// `[hidden]`, RMSNorm of the MLP output before the residual add.
+    pub post_ffn_norm: Tensor,
 }
 
 /// All weights of a Llama-family model.
@@ -191,6 +207,7 @@ impl<W> ModelWeights<W> {
                 w_gate: f(l.w_gate),
                 w_up: f(l.w_up),
                 w_down: f(l.w_down),
+                gemma: l.gemma,
             })
             .collect();
         ModelWeights {

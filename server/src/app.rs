@@ -5,6 +5,7 @@ use crate::cli::{DeviceArg, DtypeArg, EngineArgs, GenerateArgs, PreemptionArg, S
 use crate::engine_backend::{EngineBackend, EngineOptions};
 use crate::http::{self, AppState};
 use anyhow::{bail, Context};
+use engine::engine_loop::HandleConfig;
 use engine::executor::gpu::DType;
 use engine::executor::{DeviceKind, ExecutorRequest};
 use engine::scheduler::{PreemptionMode, SchedulerConfig};
@@ -35,7 +36,11 @@ pub fn model_path(args: &EngineArgs) -> anyhow::Result<PathBuf> {
 }
 
 /// Engine options from the flags, for a model with `context_len` positions.
-pub fn engine_options(args: &EngineArgs, context_len: usize, max_waiting: usize) -> EngineOptions {
+pub fn engine_options(
+    args: &EngineArgs,
+    context_len: usize,
+    handle: HandleConfig,
+) -> EngineOptions {
     let max_model_len = args.max_model_len.unwrap_or(context_len.min(8192));
     EngineOptions {
         scheduler: SchedulerConfig {
@@ -69,7 +74,7 @@ pub fn engine_options(args: &EngineArgs, context_len: usize, max_waiting: usize)
             },
         },
         enable_prefix_caching: args.enable_prefix_caching,
-        max_waiting,
+        handle,
     }
 }
 
@@ -109,7 +114,11 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
     let opts = engine_options(
         &args.engine,
         config.max_position_embeddings,
-        args.max_waiting_requests,
+        HandleConfig {
+            max_waiting: args.http.max_waiting_requests,
+            stream_capacity: args.http.stream_buffer,
+            stall_timeout: Duration::from_secs_f64(args.http.stream_stall_timeout),
+        },
     );
     let eos = tokenizer.eos_token_ids().to_vec();
     let backend = EngineBackend::start(config, weights, eos, &opts)
@@ -124,7 +133,7 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         limits.num_gpu_blocks,
         limits.num_gpu_blocks * limits.block_size
     );
-    let name = args.served_model_name.clone().unwrap_or_else(|| {
+    let name = args.http.served_model_name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned())
     });
@@ -133,9 +142,14 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         Arc::new(tokenizer),
         chat_template,
         name,
-        args.api_key.clone(),
+        args.http.api_key.clone(),
     );
-    state.max_body_bytes = args.max_body_bytes;
+    state.max_body_bytes = args.http.max_body_bytes;
+    state.cors = crate::cors::Cors::from_flags(
+        args.http.allowed_origins.clone(),
+        args.http.allowed_methods.clone(),
+        args.http.allowed_headers.clone(),
+    );
     Ok(state)
 }
 
@@ -171,7 +185,7 @@ pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let addr = format!("{}:{}", args.host, args.port);
+        let addr = format!("{}:{}", args.http.host, args.http.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
@@ -197,16 +211,17 @@ pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// `server generate`: a quick greedy completion printed to stdout, through
 /// the same engine the server uses.
-pub fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
-    set_threads(args.engine.threads);
-    let path = model_path(&args.engine)?;
+pub fn run_generate(engine: &EngineArgs, args: GenerateArgs) -> anyhow::Result<()> {
+    set_threads(engine.threads);
+    let path = model_path(engine)?;
+    tracing::info!(model = %path.display(), "loading model");
     let LoadedModel {
         config,
         weights,
         tokenizer,
         chat_template,
         ..
-    } = model_loader::load_model_with(&path, weight_types(args.engine.dtype))?;
+    } = model_loader::load_model_with(&path, weight_types(engine.dtype))?;
     let text = if args.chat {
         let t = chat_template.context("this model has no chat template")?;
         t.render(&[ChatMessage::new("user", args.prompt.clone())], true)?
@@ -214,7 +229,11 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
         args.prompt.clone()
     };
     let prompt = tokenizer.encode(&text, !args.chat)?;
-    let opts = engine_options(&args.engine, config.max_position_embeddings, 16);
+    let handle = HandleConfig {
+        max_waiting: 16,
+        ..HandleConfig::default()
+    };
+    let opts = engine_options(engine, config.max_position_embeddings, handle);
     let eos = tokenizer.eos_token_ids().to_vec();
     let backend = EngineBackend::start(config, weights, eos, &opts)
         .map_err(|e| anyhow::anyhow!("cannot start the engine: {e}"))?;
@@ -233,9 +252,8 @@ pub fn generate_text(
     max_tokens: usize,
 ) -> anyhow::Result<String> {
     use futures_util::StreamExt;
-    let params = crate::backend::SamplingParams {
-        max_tokens,
-        temperature: 0.0,
+    let params = crate::backend::RequestParams {
+        max_tokens: Some(max_tokens),
         ..Default::default()
     };
     let mut stream = backend

@@ -14,72 +14,18 @@
 //! - `prompt_logprobs`, when asked, arrive on exactly one item, never after
 //!   the item that carries the first tokens.
 
+pub use engine::sampler::SamplingParams;
+pub use engine::scheduler::RequestParams;
 use futures_util::stream::BoxStream;
 use std::fmt;
-
-/// Generation parameters, typed and validated at the HTTP edge.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// Number of returned sequences.
-    pub n: usize,
-    /// Sequences generated to pick the best `n` from (`>= n`).
-    pub best_of: usize,
-    /// Most generated tokens per sequence.
-    pub max_tokens: usize,
-    /// Fewest generated tokens before EOS / stop tokens may end a sequence.
-    pub min_tokens: usize,
-    pub temperature: f32,
-    pub top_p: f32,
-    /// `None`: no top-k cut.
-    pub top_k: Option<usize>,
-    pub min_p: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub repetition_penalty: f32,
-    pub seed: Option<u64>,
-    pub ignore_eos: bool,
-    pub stop_token_ids: Vec<u32>,
-    /// Top logprobs per generated token wanted (`None`: no logprobs).
-    pub logprobs: Option<usize>,
-    pub use_beam_search: bool,
-    pub length_penalty: f32,
-    /// Beam search stops as soon as `best_of` hypotheses are finished.
-    pub early_stopping: bool,
-    /// Top-k per prompt token for the prompt's logprobs (`None`: none).
-    pub prompt_logprobs: Option<usize>,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        Self {
-            n: 1,
-            best_of: 1,
-            max_tokens: 16,
-            min_tokens: 0,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: None,
-            min_p: 0.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            repetition_penalty: 1.0,
-            seed: None,
-            ignore_eos: false,
-            stop_token_ids: Vec::new(),
-            logprobs: None,
-            use_beam_search: false,
-            length_penalty: 1.0,
-            early_stopping: false,
-            prompt_logprobs: None,
-        }
-    }
-}
 
 /// One request for the engine: token ids plus parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineRequest {
     pub prompt_token_ids: Vec<u32>,
-    pub params: SamplingParams,
+    /// The engine's own parameter types: each parameter is declared and
+    /// range-checked once, in `engine::sampler::params`.
+    pub params: RequestParams,
 }
 
 /// Why a sequence ended, as the engine sees it (stop strings are the
@@ -157,6 +103,11 @@ pub enum BackendError {
     ShutDown,
     /// The engine refused the request's content.
     InvalidRequest(String),
+    /// The engine refused one parameter (named for the 400's `param`).
+    InvalidParam {
+        param: &'static str,
+        message: String,
+    },
     /// Anything else (executor failure, ...).
     Internal(String),
 }
@@ -165,6 +116,7 @@ impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BackendError::Overloaded(m) | BackendError::InvalidRequest(m) => f.write_str(m),
+            BackendError::InvalidParam { message, .. } => f.write_str(message),
             BackendError::ShutDown => f.write_str("the engine is shutting down"),
             BackendError::Internal(m) => write!(f, "engine failure: {m}"),
         }

@@ -2,17 +2,37 @@
 //!
 //! `server [serve] [FLAGS]` (serve is the default) runs the OpenAI-compatible
 //! server; `server generate --prompt ...` prints a quick greedy completion.
+//!
+//! Invariants:
+//! - the engine flags ([`EngineArgs`]) are defined once, as clap *global*
+//!   args: they are accepted before and after the subcommand and land in the
+//!   same field (`server --model X generate` and `server generate --model X`
+//!   both load X);
+//! - the HTTP flags ([`HttpArgs`]) are one struct used twice: at the top
+//!   level (no subcommand) and under `serve`; written before a subcommand
+//!   they are a clap error ([`Cli::try_parse_checked`]), never a silently
+//!   ignored value;
+//! - every numeric flag is range-checked by its value parser, so a bad value
+//!   is a clap error naming the flag and the range before anything loads;
+//!   each flag's `--help` text states the same range (a test walks the table).
+//!
+//! Cost: parsing only; nothing here touches the model.
 
+use crate::cors::CorsList;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
 /// A PagedAttention LLM serving engine with an OpenAI-compatible API.
+///
+/// Engine flags (model, KV cache, scheduler, device) may be written before or
+/// after the subcommand; HTTP flags after `serve` or, with no subcommand, alone.
 #[derive(Debug, Parser)]
 #[command(name = "server", version)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Serving flags (used when no subcommand is given).
+    /// Serving flags (the engine flags, and the HTTP flags used when no
+    /// subcommand is given).
     #[command(flatten)]
     pub serve: ServeArgs,
 }
@@ -20,9 +40,70 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the OpenAI-compatible HTTP server (the default).
-    Serve(ServeArgs),
+    Serve(HttpArgs),
     /// Generate greedily from one prompt and print the text.
     Generate(GenerateArgs),
+}
+
+/// What to run, with every flag in place (see [`Cli::into_action`]).
+#[derive(Debug, Clone)]
+pub enum Action {
+    Serve(ServeArgs),
+    Generate(EngineArgs, GenerateArgs),
+}
+
+impl Cli {
+    /// Parses `argv` (program name first) like `try_parse_from`, and refuses
+    /// HTTP flags written before a subcommand (clap's
+    /// `args_conflicts_with_subcommands` would refuse the global engine flags
+    /// there too).
+    pub fn try_parse_checked<I, T>(argv: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::parser::ValueSource;
+        use clap::{CommandFactory, FromArgMatches};
+        let mut cmd = Self::command();
+        let m = cmd.try_get_matches_from_mut(argv)?;
+        if let Some((sub, _)) = m.subcommand() {
+            let http = HttpArgs::augment_args(clap::Command::new("http"));
+            for arg in http.get_arguments() {
+                if m.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine) {
+                    let flag = arg.get_long().unwrap_or(arg.get_id().as_str());
+                    let hint = if sub == "serve" {
+                        format!("write it after `serve`: `server serve --{flag} ...`")
+                    } else {
+                        format!("it is a `serve` flag; `{sub}` takes none")
+                    };
+                    return Err(cmd.error(
+                        clap::error::ErrorKind::ArgumentConflict,
+                        format!("--{flag} cannot come before the `{sub}` subcommand: {hint}"),
+                    ));
+                }
+            }
+        }
+        Self::from_arg_matches(&m).map_err(|e| e.format(&mut cmd))
+    }
+
+    /// [`Cli::try_parse_checked`] on the process's arguments; prints the
+    /// error and exits on failure (as clap's `parse` does).
+    pub fn parse_checked() -> Self {
+        Self::try_parse_checked(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// Resolves the subcommand: the engine flags (global) and the HTTP flags
+    /// of whichever position holds them.
+    pub fn into_action(self) -> Action {
+        match self.command {
+            None => Action::Serve(self.serve),
+            Some(Command::Serve(http)) => Action::Serve(ServeArgs {
+                engine: self.serve.engine,
+                http,
+            }),
+            Some(Command::Generate(g)) => Action::Generate(self.serve.engine, g),
+        }
+    }
 }
 
 /// `--preemption-mode`.
@@ -63,124 +144,203 @@ pub enum DtypeArg {
     Float32,
 }
 
-/// Model and engine flags shared by `serve` and `generate`.
+/// Largest `--block-size`. Both executors read K/V through the block table
+/// by division, so any size in `1..=MAX_BLOCK_SIZE` works on either (vLLM's
+/// GPU choices 8, 16, 32, 64, 128 are all in it); beyond 256 a sequence
+/// wastes up to a block of slots and paging loses its point.
+pub const MAX_BLOCK_SIZE: usize = 256;
+
+/// Value parsers: each error text states the accepted range, and clap puts
+/// the flag's name in front of it.
+mod range {
+    use super::MAX_BLOCK_SIZE;
+
+    fn int(s: &str) -> Result<usize, String> {
+        s.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("`{s}` is not a whole number"))
+    }
+
+    fn float(s: &str) -> Result<f64, String> {
+        match s.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() => Ok(v),
+            _ => Err(format!("`{s}` is not a finite number")),
+        }
+    }
+
+    /// `>= 1`.
+    pub fn positive(s: &str) -> Result<usize, String> {
+        match int(s) {
+            Ok(v) if v >= 1 => Ok(v),
+            Ok(_) => Err("must be >= 1".into()),
+            Err(e) => Err(format!("{e}; must be >= 1")),
+        }
+    }
+
+    /// `1..=256`.
+    pub fn block_size(s: &str) -> Result<usize, String> {
+        let range = format!("must be in 1..={MAX_BLOCK_SIZE}");
+        match int(s) {
+            Ok(v) if (1..=MAX_BLOCK_SIZE).contains(&v) => Ok(v),
+            Ok(_) => Err(range),
+            Err(e) => Err(format!("{e}; {range}")),
+        }
+    }
+
+    /// `(0, 1]`.
+    pub fn fraction(s: &str) -> Result<f64, String> {
+        match float(s) {
+            Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+            Ok(_) => Err("must be in (0, 1]".into()),
+            Err(e) => Err(format!("{e}; must be in (0, 1]")),
+        }
+    }
+
+    /// `> 0`, finite, at most a day (seconds).
+    pub fn positive_secs(s: &str) -> Result<f64, String> {
+        match float(s) {
+            Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
+            Ok(_) => Err("must be > 0 (and at most 86400)".into()),
+            Err(e) => Err(format!("{e}; must be > 0")),
+        }
+    }
+
+    /// `>= 0`, finite.
+    pub fn non_negative(s: &str) -> Result<f64, String> {
+        match float(s) {
+            Ok(v) if v >= 0.0 => Ok(v),
+            Ok(_) => Err("must be >= 0".into()),
+            Err(e) => Err(format!("{e}; must be >= 0")),
+        }
+    }
+}
+
+/// Model and engine flags shared by `serve` and `generate`; global, so they
+/// may be written before or after the subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
     /// Model: a .gguf file or a Hugging Face model directory (default: the
     /// SmolLM2-135M-Instruct GGUF fetched by `cargo xtask fetch-model`).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub model: Option<PathBuf>,
-    /// Tokens per KV cache block.
-    #[arg(long, default_value_t = 16)]
+    /// Tokens per KV cache block. Range: 1..=256, on the
+    /// CPU and the GPU.
+    #[arg(long, global = true, value_name = "N", default_value_t = 16, value_parser = range::block_size)]
     pub block_size: usize,
-    /// Most sequences in one engine step.
-    #[arg(long, default_value_t = 256)]
+    /// Most sequences in one engine step. Range: >= 1.
+    #[arg(long, global = true, value_name = "N", default_value_t = 256, value_parser = range::positive)]
     pub max_num_seqs: usize,
-    /// Most tokens (prefill chunks + decodes) in one engine step.
-    #[arg(long, default_value_t = 2048)]
+    /// Most tokens (prefill chunks + decodes) in one engine step. Range: >= 1.
+    #[arg(long, global = true, value_name = "N", default_value_t = 2048, value_parser = range::positive)]
     pub max_num_batched_tokens: usize,
     /// Most tokens (prompt + output) per sequence (default: the model's
-    /// context length, capped at 8192).
-    #[arg(long)]
+    /// context length, capped at 8192). Range: >= 1.
+    #[arg(long, global = true, value_name = "N", value_parser = range::positive)]
     pub max_model_len: Option<usize>,
-    /// CPU swap space for preempted sequences, in GiB.
-    #[arg(long, default_value_t = 1.0)]
+    /// CPU swap space for preempted sequences, in GiB. Range: >= 0.
+    #[arg(long, global = true, value_name = "GIB", default_value_t = 1.0, value_parser = range::non_negative)]
     pub swap_space: f64,
     /// CPU executor: memory for the KV cache pool, in GiB (ignored with
-    /// --num-gpu-blocks-override; the GPU sizes its pool by --gpu-memory-utilization).
-    #[arg(long, default_value_t = 1.0)]
+    /// --num-gpu-blocks-override; the GPU sizes its pool by
+    /// --gpu-memory-utilization). Range: >= 0.
+    #[arg(long, global = true, value_name = "GIB", default_value_t = 1.0, value_parser = range::non_negative)]
     pub kv_cache_memory: f64,
-    /// Exact number of KV cache blocks, overriding --kv-cache-memory.
-    #[arg(long)]
+    /// Exact number of KV cache blocks, overriding --kv-cache-memory. Range: >= 1.
+    #[arg(long, global = true, value_name = "N", value_parser = range::positive)]
     pub num_gpu_blocks_override: Option<usize>,
     /// Automatic prefix caching (on by default; `--enable-prefix-caching false` to turn off).
-    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, global = true, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub enable_prefix_caching: bool,
     /// Chunked prefill (on by default; `--enable-chunked-prefill false` to turn off).
-    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, global = true, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub enable_chunked_prefill: bool,
     /// How to preempt when KV blocks run out.
-    #[arg(long, value_enum, default_value_t = PreemptionArg::Auto)]
+    #[arg(long, global = true, value_enum, default_value_t = PreemptionArg::Auto)]
     pub preemption_mode: PreemptionArg,
     /// Which executor runs the model.
-    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    #[arg(long, global = true, value_enum, default_value_t = DeviceArg::Auto)]
     pub device: DeviceArg,
     /// GPU only: fraction of GPU memory for weights, activations and the KV
-    /// cache (the KV pool gets what a profile run leaves of it).
-    #[arg(long, default_value_t = 0.9)]
+    /// cache (the KV pool gets what a profile run leaves of it). Range: (0, 1].
+    #[arg(long, global = true, value_name = "F", default_value_t = 0.9, value_parser = range::fraction)]
     pub gpu_memory_utilization: f64,
     /// Element type of weights, activations and KV cache on the GPU; on the
     /// CPU, `auto` keeps quantized GGUF weights quantized, `float32`
     /// dequantizes them at load.
-    #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
+    #[arg(long, global = true, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
-    /// Worker threads for the forward pass (default: all cores).
-    #[arg(long)]
+    /// Worker threads for the forward pass (default: all cores). Range: >= 1.
+    #[arg(long, global = true, value_name = "N", value_parser = range::positive)]
     pub threads: Option<usize>,
 }
 
-/// `serve` flags.
+/// What `serve` runs with: the engine flags and the HTTP flags.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub http: HttpArgs,
+}
+
+/// HTTP server flags (`serve`, or no subcommand).
+#[derive(Debug, Clone, Args)]
+pub struct HttpArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
-    /// Port to listen on.
+    /// Port to listen on (0: any free port; the log says which). Range: 0..=65535.
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// Model name in the API (default: the model file's stem).
     #[arg(long)]
     pub served_model_name: Option<String>,
-    /// Require `Authorization: Bearer <KEY>` on every endpoint but /health.
+    /// Require `Authorization: Bearer <KEY>` on every endpoint but /health
+    /// (compared in constant time).
     #[arg(long)]
     pub api_key: Option<String>,
-    /// Requests allowed to wait for admission; beyond it new ones get 429.
-    #[arg(long, default_value_t = 1024)]
+    /// Requests allowed to wait for admission; beyond it new ones get 429. Range: >= 1.
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = range::positive)]
     pub max_waiting_requests: usize,
-    /// Largest accepted request body, in bytes.
-    #[arg(long, default_value_t = crate::http::DEFAULT_MAX_BODY_BYTES)]
+    /// Outputs (engine steps) a streaming request may have queued for a client
+    /// that reads slower than the engine generates; beyond it the engine holds
+    /// its newer tokens in one merged output. Range: >= 1.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = range::positive)]
+    pub stream_buffer: usize,
+    /// Seconds a request's output queue may stay full (the client stopped
+    /// reading) before the request is aborted and its KV blocks freed.
+    /// Range: > 0.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = range::positive_secs)]
+    pub stream_stall_timeout: f64,
+    /// CORS: origins allowed to call the API, as a JSON list
+    /// (`'["https://a.example"]'`) or a comma list; `*` for any. CORS is off
+    /// (no CORS headers, OPTIONS is 405) unless this is given.
+    #[arg(long, value_name = "LIST", value_parser = CorsList::parse)]
+    pub allowed_origins: Option<CorsList>,
+    /// CORS: methods allowed (JSON or comma list; default `*` once CORS is on).
+    #[arg(long, value_name = "LIST", value_parser = CorsList::parse)]
+    pub allowed_methods: Option<CorsList>,
+    /// CORS: request headers allowed (JSON or comma list; default `*` once CORS is on).
+    #[arg(long, value_name = "LIST", value_parser = CorsList::parse)]
+    pub allowed_headers: Option<CorsList>,
+    /// Largest accepted request body, in bytes. Range: >= 1.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::http::DEFAULT_MAX_BODY_BYTES, value_parser = range::positive)]
     pub max_body_bytes: usize,
 }
 
-/// `generate` flags.
+/// `generate` flags (the engine flags are global).
 #[derive(Debug, Clone, Args)]
 pub struct GenerateArgs {
-    #[command(flatten)]
-    pub engine: EngineArgs,
     /// The prompt.
     #[arg(long)]
     pub prompt: String,
     /// Wrap the prompt as a user message with the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 64)]
+    /// Most tokens to generate. Range: >= 1.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = range::positive)]
     pub max_tokens: usize,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    #[test]
-    fn cli_is_consistent() {
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn serve_is_the_default() {
-        let c = Cli::try_parse_from(["server", "--port", "9001", "--max-num-seqs", "8"])
-            .expect("parses");
-        assert!(c.command.is_none());
-        assert_eq!(c.serve.port, 9001);
-        assert_eq!(c.serve.engine.max_num_seqs, 8);
-        let g = Cli::try_parse_from(["server", "generate", "--prompt", "hi", "--chat"])
-            .expect("parses");
-        assert!(matches!(g.command, Some(Command::Generate(ref a)) if a.chat && a.prompt == "hi"));
-        let bad = Cli::try_parse_from(["server", "--preemption-mode", "sometimes"]);
-        assert!(bad.is_err());
-    }
-}
+mod tests;

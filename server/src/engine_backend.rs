@@ -1,7 +1,8 @@
 //! The adapter from the real engine (`engine::EngineHandle`) to the server's
 //! [`Backend`] trait, and the construction of the engine from a loaded model.
 //!
-//! Every sampling parameter is forwarded to the engine's `SamplingParams`.
+//! Requests carry the engine's own `RequestParams` (validated once, by the
+//! engine's `SamplingParams::validate`, at the HTTP edge).
 //! A request with `n > 1` (or `best_of`, or beam search) is one engine
 //! group whose sequences share the prompt's blocks; its outputs carry the
 //! sequence index. Top logprobs come from the engine per token; prompt
@@ -12,13 +13,13 @@
 
 use crate::backend::{
     Backend, BackendError, BackendLimits, BackendStats, EngineRequest, FinishReason, OutputStream,
-    PromptTokenLogprob, SamplingParams, SeqDelta, StepOutput, TokenOut,
+    PromptTokenLogprob, SeqDelta, StepOutput, TokenOut,
 };
 use engine::engine_loop::{EngineStats, HandleConfig, ShutdownMode};
 use engine::executor::{build_executor, ExecutorRequest};
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
 use engine::model::LlamaModel;
-use engine::scheduler::{self, RequestParams, SchedulerConfig};
+use engine::scheduler::{self, SchedulerConfig};
 use engine::{EngineConfig, EngineError, EngineHandle, LlmEngine, RequestOutput, RequestStream};
 use futures_util::StreamExt;
 
@@ -30,7 +31,8 @@ pub struct EngineOptions {
     /// Which executor and how its pools are sized.
     pub executor: ExecutorRequest,
     pub enable_prefix_caching: bool,
-    pub max_waiting: usize,
+    /// Waiting limit and output-stream bounds of the engine handle.
+    pub handle: HandleConfig,
 }
 
 /// [`Backend`] over the real engine.
@@ -65,13 +67,7 @@ impl EngineBackend {
             executor,
         )
         .map_err(map_err)?;
-        let handle = EngineHandle::spawn(
-            engine,
-            HandleConfig {
-                max_waiting: opts.max_waiting,
-            },
-        )
-        .map_err(map_err)?;
+        let handle = EngineHandle::spawn(engine, opts.handle).map_err(map_err)?;
         Ok(Self {
             handle,
             limits: BackendLimits {
@@ -90,8 +86,11 @@ fn map_err(e: EngineError) -> BackendError {
         EngineError::EmptyPrompt
         | EngineError::PromptTooLong { .. }
         | EngineError::NeverFits { .. }
-        | EngineError::InvalidParams(_)
-        | EngineError::InvalidParam { .. } => BackendError::InvalidRequest(e.to_string()),
+        | EngineError::InvalidParams(_) => BackendError::InvalidRequest(e.to_string()),
+        EngineError::InvalidParam { param, reason } => BackendError::InvalidParam {
+            param,
+            message: format!("{param} {reason}"),
+        },
         other => BackendError::Internal(other.to_string()),
     }
 }
@@ -170,45 +169,14 @@ fn output_stream(rs: RequestStream, n: usize) -> OutputStream {
     .boxed()
 }
 
-fn engine_params(p: &SamplingParams) -> RequestParams {
-    RequestParams {
-        max_tokens: Some(p.max_tokens),
-        ignore_eos: p.ignore_eos,
-        stop_token_ids: p.stop_token_ids.clone(),
-        sampling: engine::sampler::SamplingParams {
-            n: p.n.max(1),
-            best_of: Some(p.best_of.max(p.n).max(1)),
-            temperature: if p.use_beam_search {
-                0.0
-            } else {
-                p.temperature
-            },
-            top_p: p.top_p,
-            top_k: p.top_k,
-            min_p: p.min_p,
-            presence_penalty: p.presence_penalty,
-            frequency_penalty: p.frequency_penalty,
-            repetition_penalty: p.repetition_penalty,
-            seed: p.seed,
-            min_tokens: p.min_tokens,
-            logprobs: p.logprobs,
-            prompt_logprobs: p.prompt_logprobs,
-            use_beam_search: p.use_beam_search,
-            length_penalty: p.length_penalty,
-            early_stopping: p.early_stopping,
-        },
-        ..RequestParams::default()
-    }
-}
-
 impl Backend for EngineBackend {
     fn submit(&self, req: EngineRequest) -> Result<OutputStream, BackendError> {
-        let params = engine_params(&req.params);
+        let n = req.params.sampling.n.max(1);
         let rs = self
             .handle
-            .add_request(req.prompt_token_ids, params)
+            .add_request(req.prompt_token_ids, req.params)
             .map_err(map_err)?;
-        Ok(output_stream(rs, req.params.n.max(1)))
+        Ok(output_stream(rs, n))
     }
 
     fn stats(&self) -> BackendStats {

@@ -82,10 +82,10 @@ impl ApiError {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadJson(_) | ApiError::InvalidValue { .. } | ApiError::ContextTooLong(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            ApiError::WrongType { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::BadJson(_)
+            | ApiError::WrongType { .. }
+            | ApiError::InvalidValue { .. }
+            | ApiError::ContextTooLong(_) => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -136,8 +136,9 @@ impl ApiError {
         })
     }
 
-    /// Maps a serde_json failure: syntax/EOF -> 400, wrong type -> 422,
-    /// missing/unknown field or bad value -> 400.
+    /// Maps a serde_json failure: syntax/EOF, wrong type (`"messages":
+    /// "hi"`), missing/unknown field or bad value -> 400, as OpenAI and
+    /// vLLM answer.
     pub fn from_json(e: &serde_json::Error) -> Self {
         use serde_json::error::Category;
         let msg = e.to_string();
@@ -163,6 +164,7 @@ impl From<BackendError> for ApiError {
                 message: m,
                 param: None,
             },
+            BackendError::InvalidParam { param, message } => ApiError::invalid(param, message),
             BackendError::Internal(m) => ApiError::Internal(m),
         }
     }
@@ -193,7 +195,7 @@ mod tests {
         let wrong = serde_json::from_str::<u32>("\"x\"").expect_err("bad");
         assert_eq!(
             ApiError::from_json(&wrong).status(),
-            StatusCode::UNPROCESSABLE_ENTITY
+            StatusCode::BAD_REQUEST
         );
     }
 

@@ -168,15 +168,16 @@ impl Generation {
         let mut prompt_only = vec![false; req.prompts.len()];
         for (i, p) in req.prompts.iter().enumerate() {
             let mut params = req.params.clone();
-            params.max_tokens = req.max_tokens_for(p.token_ids.len(), max_len);
-            if params.max_tokens == 0 {
-                if params.prompt_logprobs.is_none() {
+            let budget = req.max_tokens_for(p.token_ids.len(), max_len);
+            params.max_tokens = Some(budget);
+            if budget == 0 {
+                if params.sampling.prompt_logprobs.is_none() {
                     // `echo` with max_tokens 0: only the prompt comes back.
                     streams.push(None);
                     continue;
                 }
                 // The prompt must run for its logprobs; its token is dropped.
-                params.max_tokens = 1;
+                params.max_tokens = Some(1);
                 prompt_only[i] = true;
             }
             let submitted = backend.submit(EngineRequest {
@@ -191,7 +192,7 @@ impl Generation {
                 }
             }
         }
-        let n = req.params.n;
+        let n = req.params.sampling.n;
         let mut choices: Vec<ChoiceState> = (0..req.prompts.len() * n)
             .map(|_| ChoiceState::new(req.stop.clone()))
             .collect();
@@ -277,7 +278,7 @@ impl Generation {
     }
 
     fn apply(&mut self, prompt: usize, out: &StepOutput) -> Vec<ChoiceDelta> {
-        let n = self.req.params.n;
+        let n = self.req.params.sampling.n;
         self.num_cached_tokens = self.num_cached_tokens.max(out.num_cached_tokens);
         let mut deltas = Vec::new();
         if self.prompt_only[prompt] {
@@ -318,7 +319,7 @@ impl Generation {
     }
 
     fn abort_prompt(&mut self, prompt: usize) -> Vec<ChoiceDelta> {
-        let n = self.req.params.n;
+        let n = self.req.params.sampling.n;
         (prompt * n..(prompt + 1) * n)
             .filter_map(|i| self.choices[i].abort(i))
             .collect()
@@ -331,7 +332,8 @@ impl Generation {
             self.metrics
                 .e2e
                 .observe(self.arrival.elapsed().as_secs_f64());
-            self.metrics.requests_ok.fetch_add(1, Ordering::Relaxed);
+            self.metrics
+                .record_finished(self.choices.iter().filter_map(|c| c.finish_reason));
         }
     }
 

@@ -2,8 +2,9 @@
 //! limits, and the endpoint handlers. Every failure goes through
 //! [`error_response`], the one place an [`ApiError`] becomes a response.
 //!
-//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`,
-//! `GET /v1/models`, `GET /health`, `GET /metrics`. A known path with the
+//! Routes ([`ROUTES`]): `POST /v1/completions`, `POST /v1/chat/completions`,
+//! `GET /v1/models`, `GET /health`, `GET /metrics`, `POST /tokenize`,
+//! `POST /detokenize`; CORS preflights when CORS is on ([`crate::cors`]). A known path with the
 //! wrong method is 405 (with `Allow`), an unknown path 404.
 //!
 //! Invariants: the body is read at most `max_body_bytes` (413 beyond);
@@ -13,17 +14,20 @@
 //! gone.
 
 use crate::backend::Backend;
+use crate::cors::Cors;
 use crate::error::ApiError;
 use crate::generate::Generation;
 use crate::metrics::Metrics;
 use crate::protocol::{ChatRequest, CompletionRequest};
 use crate::response::{self, ResponseMeta};
+use crate::tokenize;
 use crate::validate::{self, GenerateRequest, ValidationContext};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, Limited, StreamBody};
-use hyper::body::{Frame, Incoming};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Body as _, Frame, Incoming};
 use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE};
+use hyper::http::request::Parts;
 use hyper::{Method, Request, Response, StatusCode};
 use model_loader::{ChatTemplate, Tokenizer};
 use std::convert::Infallible;
@@ -47,8 +51,12 @@ pub struct AppState {
     pub served_model_name: String,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
+    /// CORS policy; `None`: off.
+    pub cors: Option<Cors>,
     pub metrics: Arc<Metrics>,
     pub started: u64,
+    /// Grammar compiler for structured outputs (built on first use).
+    pub grammars: crate::structured::GrammarCache,
     next_id: AtomicU64,
 }
 
@@ -67,8 +75,10 @@ impl AppState {
             served_model_name,
             api_key,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            cors: None,
             metrics: Arc::new(Metrics::default()),
             started: Generation::created_secs(),
+            grammars: Default::default(),
             next_id: AtomicU64::new(0),
         }
     }
@@ -79,6 +89,7 @@ impl AppState {
             tokenizer: &self.tokenizer,
             chat_template: self.chat_template.as_ref(),
             limits: self.backend.limits(),
+            grammars: &self.grammars,
         }
     }
 }
@@ -99,10 +110,9 @@ fn json_response(v: &serde_json::Value) -> Response<Body> {
 pub fn error_response(e: &ApiError) -> Response<Body> {
     let mut r = full(e.status(), "application/json", e.to_body());
     if let ApiError::MethodNotAllowed { path, .. } = e {
-        let allow = if path.starts_with("/v1/") && path != "/v1/models" {
-            "POST"
-        } else {
-            "GET"
+        let allow = match ROUTES.iter().find(|(p, ..)| p == path) {
+            Some((_, m, _)) if *m == Method::POST => "POST",
+            _ => "GET, HEAD",
         };
         r.headers_mut()
             .insert(ALLOW, HeaderValue::from_static(allow));
@@ -117,19 +127,27 @@ enum Route {
     Models,
     Health,
     Metrics,
+    Tokenize,
+    Detokenize,
 }
 
+/// Every route: path, method (GET also answers HEAD), handler.
+const ROUTES: [(&str, Method, Route); 7] = [
+    ("/v1/completions", Method::POST, Route::Completions),
+    ("/v1/chat/completions", Method::POST, Route::Chat),
+    ("/v1/models", Method::GET, Route::Models),
+    ("/health", Method::GET, Route::Health),
+    ("/metrics", Method::GET, Route::Metrics),
+    ("/tokenize", Method::POST, Route::Tokenize),
+    ("/detokenize", Method::POST, Route::Detokenize),
+];
+
 fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
-    let (want, r) = match path {
-        "/v1/completions" => (Method::POST, Route::Completions),
-        "/v1/chat/completions" => (Method::POST, Route::Chat),
-        "/v1/models" => (Method::GET, Route::Models),
-        "/health" => (Method::GET, Route::Health),
-        "/metrics" => (Method::GET, Route::Metrics),
-        _ => return Err(ApiError::NotFound(path.to_string())),
+    let Some((_, want, r)) = ROUTES.iter().find(|(p, ..)| *p == path) else {
+        return Err(ApiError::NotFound(path.to_string()));
     };
-    if *method == want || (*method == Method::HEAD && want == Method::GET) {
-        Ok(r)
+    if method == want || (*method == Method::HEAD && *want == Method::GET) {
+        Ok(*r)
     } else {
         Err(ApiError::MethodNotAllowed {
             method: method.to_string(),
@@ -138,48 +156,99 @@ fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
     }
 }
 
-fn check_auth(state: &AppState, req: &Request<Incoming>) -> Result<(), ApiError> {
+fn check_auth(state: &AppState, req: &Parts) -> Result<(), ApiError> {
     let Some(key) = &state.api_key else {
         return Ok(());
     };
     let given = req
-        .headers()
+        .headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given.map(str::trim) == Some(key.as_str()) {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized)
+    match given {
+        Some(g) if constant_time_eq(g.trim().as_bytes(), key.as_bytes()) => Ok(()),
+        _ => Err(ApiError::Unauthorized),
     }
 }
 
-async fn read_body(state: &AppState, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+/// Compares a presented token with the key in time that depends only on the
+/// token's length, never on where the first differing byte is (the key's
+/// length may show; its content does not).
+pub fn constant_time_eq(given: &[u8], key: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != key.len());
+    for (i, &g) in given.iter().enumerate() {
+        let k = if key.is_empty() {
+            0
+        } else {
+            key[i % key.len()]
+        };
+        diff |= std::hint::black_box(g ^ k);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+async fn read_body(
+    state: &AppState,
+    req: &Parts,
+    slot: &mut Option<Incoming>,
+) -> Result<Bytes, ApiError> {
     let limit = state.max_body_bytes;
     let declared = req
-        .headers()
+        .headers
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > limit) {
         return Err(ApiError::PayloadTooLarge { limit });
     }
-    if let Some(ct) = req
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    {
+    if let Some(ct) = req.headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         if !ct.to_ascii_lowercase().starts_with("application/json") {
             return Err(ApiError::UnsupportedMediaType);
         }
     }
-    match Limited::new(req.into_body(), limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ApiError::PayloadTooLarge { limit })
+    let Some(mut body) = slot.take() else {
+        return Err(ApiError::Internal("the body was read twice".into()));
+    };
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::BadJson(format!("cannot read the body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                // Left for `handle` to drain after the answer.
+                *slot = Some(body);
+                return Err(ApiError::PayloadTooLarge { limit });
+            }
+            buf.extend_from_slice(&data);
         }
-        Err(e) => Err(ApiError::BadJson(format!("cannot read the body: {e}"))),
     }
+    Ok(Bytes::from(buf))
+}
+
+/// Most bytes of an unread request body (refused with 413, 401, 415, ...)
+/// read and discarded after the answer, so that a client that sends its
+/// whole body before reading still gets the answer instead of a reset.
+pub const DRAIN_MAX_BYTES: usize = 128 << 20;
+/// Longest time spent draining one refused body.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads and discards what is left of `body` (at most [`DRAIN_MAX_BYTES`]
+/// within [`DRAIN_TIMEOUT`]) while the connection writes the answer; the
+/// connection closes once this ends.
+fn drain_in_background(mut body: Incoming) {
+    tokio::spawn(async move {
+        let drain = async {
+            let mut n = 0usize;
+            while let Some(Ok(frame)) = body.frame().await {
+                if let Some(d) = frame.data_ref() {
+                    n += d.len();
+                    if n > DRAIN_MAX_BYTES {
+                        break;
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+    });
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -189,12 +258,24 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::from_json(&e))
 }
 
-/// Serves one request; never fails (errors become responses).
+/// Serves one request; never fails (errors become responses). A body the
+/// handler left unread is drained after the answer ([`drain_in_background`]).
 pub async fn handle(
     state: Arc<AppState>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
-    Ok(match dispatch(&state, req).await {
+    let (parts, body) = req.into_parts();
+    if let Some(r) = preflight(&state, &parts) {
+        return Ok(r);
+    }
+    let mut body = Some(body);
+    let result = dispatch(&state, &parts, &mut body).await;
+    if let Some(b) = body.take() {
+        if !b.is_end_stream() {
+            drain_in_background(b);
+        }
+    }
+    let mut response = match result {
         Ok(r) => r,
         Err(e) => {
             if e.status().is_server_error() {
@@ -204,16 +285,39 @@ pub async fn handle(
             }
             error_response(&e)
         }
-    })
+    };
+    if let Some(cors) = &state.cors {
+        if let Some(origin) = cors.allowed_origin(&parts.headers) {
+            cors.decorate(origin, response.headers_mut());
+        }
+    }
+    Ok(response)
+}
+
+/// A CORS preflight's answer (before routing and authentication), when CORS
+/// is on and `req` is one.
+fn preflight(state: &AppState, req: &Parts) -> Option<Response<Body>> {
+    if req.method != Method::OPTIONS {
+        return None;
+    }
+    match state.cors.as_ref()?.preflight(&req.headers)? {
+        Ok(headers) => {
+            let mut r = full(StatusCode::OK, "text/plain", "OK");
+            r.headers_mut().extend(headers);
+            Some(r)
+        }
+        Err(reason) => Some(full(StatusCode::BAD_REQUEST, "text/plain", reason)),
+    }
 }
 
 async fn dispatch(
     state: &Arc<AppState>,
-    req: Request<Incoming>,
+    req: &Parts,
+    body: &mut Option<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    let r = route(req.method(), req.uri().path())?;
+    let r = route(&req.method, req.uri.path())?;
     if r != Route::Health {
-        check_auth(state, &req)?;
+        check_auth(state, req)?;
     }
     match r {
         Route::Health => Ok(full(StatusCode::OK, "text/plain", "")),
@@ -230,16 +334,32 @@ async fn dispatch(
                 .render(&state.backend.stats(), &state.served_model_name),
         )),
         Route::Completions => {
-            let body = read_body(state, req).await?;
+            let body = read_body(state, req, body).await?;
             let wire: CompletionRequest = parse(&body)?;
             let typed = validate::completion(&state.validation(), &wire)?;
             generate(state, typed, "cmpl").await
         }
         Route::Chat => {
-            let body = read_body(state, req).await?;
+            let body = read_body(state, req, body).await?;
             let wire: ChatRequest = parse(&body)?;
             let typed = validate::chat(&state.validation(), &wire)?;
             generate(state, typed, "chatcmpl").await
+        }
+        Route::Tokenize => {
+            let body = read_body(state, req, body).await?;
+            let wire = tokenize::parse_tokenize(&body)?;
+            Ok(json_response(&tokenize::tokenize(
+                &state.validation(),
+                &wire,
+            )?))
+        }
+        Route::Detokenize => {
+            let body = read_body(state, req, body).await?;
+            let wire: tokenize::DetokenizeRequest = parse(&body)?;
+            Ok(json_response(&tokenize::detokenize(
+                &state.validation(),
+                &wire,
+            )?))
         }
     }
 }
@@ -376,4 +496,25 @@ pub async fn serve(
         () = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing open connections"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"secret-key", b"secret-key"));
+        for other in [
+            &b"secret-kez"[..],
+            b"secret-ke",
+            b"secret-keyy",
+            b"",
+            b"Secret-key",
+        ] {
+            assert!(!constant_time_eq(other, b"secret-key"), "{other:?}");
+        }
+        assert!(constant_time_eq(b"", b""));
+        assert!(!constant_time_eq(b"x", b""));
+    }
 }

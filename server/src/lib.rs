@@ -10,6 +10,7 @@
 pub mod app;
 pub mod backend;
 pub mod cli;
+pub mod cors;
 pub mod detok;
 pub mod engine_backend;
 pub mod error;
@@ -18,4 +19,6 @@ pub mod http;
 pub mod metrics;
 pub mod protocol;
 pub mod response;
+pub mod structured;
+pub mod tokenize;
 pub mod validate;

@@ -1,5 +1,15 @@
-//! Prometheus metrics in the text exposition format, with vLLM's names
-//! (`vllm:` prefix) so existing dashboards work.
+//! Prometheus metrics in the text exposition format, with vLLM's current
+//! (V1) names (`vllm:` prefix) so existing dashboards work:
+//! `vllm:kv_cache_usage_perc` (which replaced `vllm:gpu_cache_usage_perc`),
+//! `vllm:num_requests_running` / `_waiting`, `vllm:prefix_cache_queries_total`
+//! / `_hits_total`, `vllm:num_preemptions_total`, `vllm:prompt_tokens_total`,
+//! `vllm:generation_tokens_total`, `vllm:request_success_total` by
+//! `finished_reason` (stop, length, abort), and the histograms
+//! `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`,
+//! `vllm:e2e_request_latency_seconds`. Ours beyond vLLM's list (kept under
+//! the prefix): `vllm:num_requests_swapped` (vLLM V1 has no swapping),
+//! the `mode` label of preemptions, the block counts of both pools, and
+//! `vllm:request_rejected_total` (refused at admission, e.g. 429).
 //!
 //! Gauges and engine counters come from [`BackendStats`] at scrape time; the
 //! server records its own latency histograms (time to first token,
@@ -97,7 +107,10 @@ pub struct Metrics {
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
+    /// Finished requests whose choices all stopped (EOS, stop token or string).
     pub requests_ok: AtomicU64,
+    /// Finished requests with a choice cut by `max_tokens` / the context.
+    pub requests_length: AtomicU64,
     pub requests_aborted: AtomicU64,
     pub requests_rejected: AtomicU64,
 }
@@ -109,6 +122,7 @@ impl Default for Metrics {
             itl: Histogram::new(&ITL_BUCKETS),
             e2e: Histogram::new(&E2E_BUCKETS),
             requests_ok: AtomicU64::new(0),
+            requests_length: AtomicU64::new(0),
             requests_aborted: AtomicU64::new(0),
             requests_rejected: AtomicU64::new(0),
         }
@@ -127,6 +141,24 @@ fn counter(out: &mut String, name: &str, help: &str, v: u64) {
 }
 
 impl Metrics {
+    /// Counts a finished request by its choices' finish reasons: abort if
+    /// any aborted, else length if any hit a length limit, else stop.
+    pub fn record_finished<'a>(&self, reasons: impl IntoIterator<Item = &'a str>) {
+        let (mut abort, mut length) = (false, false);
+        for r in reasons {
+            abort |= r == "abort";
+            length |= r == "length";
+        }
+        let counter = if abort {
+            &self.requests_aborted
+        } else if length {
+            &self.requests_length
+        } else {
+            &self.requests_ok
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The `/metrics` body.
     pub fn render(&self, s: &BackendStats, model: &str) -> String {
         let mut o = String::new();
@@ -151,7 +183,7 @@ impl Metrics {
         );
         gauge(
             &mut o,
-            "vllm:gpu_cache_usage_perc",
+            "vllm:kv_cache_usage_perc",
             "KV cache usage (fraction of blocks, 0..1).",
             s.kv_usage,
         );
@@ -211,12 +243,18 @@ impl Metrics {
         );
         let _ = writeln!(
             o,
-            "# HELP vllm:request_success_total Finished requests, by outcome.\n# TYPE vllm:request_success_total counter\n\
-             vllm:request_success_total{{outcome=\"finished\"}} {}\nvllm:request_success_total{{outcome=\"aborted\"}} {}\n\
-             vllm:request_success_total{{outcome=\"rejected\"}} {}",
+            "# HELP vllm:request_success_total Finished requests, by finish reason.\n# TYPE vllm:request_success_total counter\n\
+             vllm:request_success_total{{finished_reason=\"stop\"}} {}\nvllm:request_success_total{{finished_reason=\"length\"}} {}\n\
+             vllm:request_success_total{{finished_reason=\"abort\"}} {}",
             self.requests_ok.load(Ordering::Relaxed),
+            self.requests_length.load(Ordering::Relaxed),
             self.requests_aborted.load(Ordering::Relaxed),
-            self.requests_rejected.load(Ordering::Relaxed)
+        );
+        counter(
+            &mut o,
+            "vllm:request_rejected_total",
+            "Requests refused at admission (e.g. 429: too many waiting).",
+            self.requests_rejected.load(Ordering::Relaxed),
         );
         self.ttft.render(
             &mut o,
@@ -270,5 +308,21 @@ mod tests {
         assert!(out.contains("\nvllm:kv_cache_free_blocks 17\n"));
         assert!(out.contains("vllm:num_preemptions_total{mode=\"swap\"} 5\n"));
         assert!(out.contains("# TYPE vllm:time_to_first_token_seconds histogram"));
+        assert!(out.contains("\nvllm:kv_cache_usage_perc 0\n"), "{out}");
+        assert!(!out.contains("gpu_cache_usage_perc"), "{out}");
+    }
+
+    #[test]
+    fn finished_requests_are_counted_by_reason() {
+        let m = Metrics::default();
+        m.record_finished(["stop", "stop"]);
+        m.record_finished(["stop", "length"]);
+        m.record_finished(["length", "abort"]);
+        m.record_finished(["length"]);
+        let out = m.render(&BackendStats::default(), "m");
+        for (reason, n) in [("stop", 1), ("length", 2), ("abort", 1)] {
+            let line = format!("vllm:request_success_total{{finished_reason=\"{reason}\"}} {n}\n");
+            assert!(out.contains(&line), "{line} in {out}");
+        }
     }
 }

@@ -7,8 +7,8 @@
 //! OpenAI extends often (chat messages, content parts, `stream_options`)
 //! tolerate unknown fields. Numbers are read as `i64`/`f64` so that negative
 //! or fractional values reach validation and get a 400 with the parameter
-//! name, while a value of the wrong JSON type (a string for `max_tokens`) is
-//! a 422 from serde.
+//! name; a value of the wrong JSON type (a string for `max_tokens`) is a 400
+//! from serde, as OpenAI and vLLM answer.
 
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -56,7 +56,7 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
-/// One chat message (unknown fields such as `tool_calls` are tolerated).
+/// One chat message (unknown fields are tolerated).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 pub struct ChatMessageIn {
     pub role: String,
@@ -64,6 +64,94 @@ pub struct ChatMessageIn {
     pub content: Option<MessageContent>,
     #[serde(default)]
     pub name: Option<String>,
+    /// An assistant message's tool calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A `tool` message's answer to this call id.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+/// A tool call in an assistant message of the history.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ToolCallIn {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    pub function: FunctionCallIn,
+}
+
+/// `{"name", "arguments"}`; `arguments` is a JSON text (OpenAI's form).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct FunctionCallIn {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: Option<String>,
+}
+
+/// One entry of `tools`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ToolIn {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDefIn,
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct FunctionDefIn {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The arguments' JSON schema.
+    #[serde(default)]
+    pub parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+/// `response_format`: `{"type": "text" | "json_object" | "json_schema",
+/// "json_schema": {"name", "schema", "strict", "description"}}`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct JsonSchemaFormat {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub schema: Option<serde_json::Value>,
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+/// vLLM's `structured_outputs`: exactly one of the constraints.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredOutputsIn {
+    /// A JSON schema (an object, or its JSON text).
+    #[serde(default)]
+    pub json: Option<serde_json::Value>,
+    #[serde(default)]
+    pub regex: Option<String>,
+    #[serde(default)]
+    pub choice: Option<Vec<String>>,
+    /// A Lark grammar (as `llguidance` reads it).
+    #[serde(default)]
+    pub grammar: Option<String>,
+    #[serde(default)]
+    pub json_object: Option<bool>,
 }
 
 /// Declares [`CommonParams`] and both request types from one list of the
@@ -115,6 +203,14 @@ macro_rules! requests_with_shared_fields {
             pub max_completion_tokens: Option<i64>,
             #[serde(default)]
             pub add_generation_prompt: Option<bool>,
+            #[serde(default)]
+            pub tools: Option<Vec<ToolIn>>,
+            /// "none" | "auto" | "required" | {"type": "function",
+            /// "function": {"name": ...}}.
+            #[serde(default)]
+            pub tool_choice: Option<serde_json::Value>,
+            #[serde(default)]
+            pub parallel_tool_calls: Option<bool>,
             #[serde(default)]
             pub user: Option<String>,
             #[serde(default)]
@@ -172,6 +268,17 @@ requests_with_shared_fields! {
     /// vLLM's beam-search `early_stopping`: any JSON value here, so that a
     /// non-boolean is a 400 naming the parameter (see validation).
     early_stopping: Option<serde_json::Value>,
+    /// OpenAI's `response_format` (json_object / json_schema / text).
+    response_format: Option<ResponseFormat>,
+    /// vLLM's `structured_outputs`.
+    structured_outputs: Option<StructuredOutputsIn>,
+    /// vLLM's older names for the same constraints.
+    guided_json: Option<serde_json::Value>,
+    guided_regex: Option<String>,
+    guided_choice: Option<Vec<String>>,
+    guided_grammar: Option<String>,
+    /// Accepted for compatibility; the backend is always llguidance.
+    guided_decoding_backend: Option<String>,
 }
 
 #[cfg(test)]

@@ -17,9 +17,19 @@
 //! stream the echoed prompt then waits for the prompt's values: it goes out
 //! with the choice's first generated text in one chunk (as vLLM does)
 //! instead of in an opening chunk.
+//!
+//! Tool calls (chat with `tools`, see [`crate::structured`]): the message
+//! carries `tool_calls` (`content` is what is left outside the calls, or
+//! null) and `finish_reason` "tool_calls" when the output ended normally.
+//! Streaming: a named `tool_choice` streams its arguments as
+//! `delta.tool_calls[0].function.arguments` pieces (the first with id and
+//! name); "required" sends its calls whole in the last delta (the text in
+//! between is not sent as content); "auto" streams content as usual and,
+//! when the finished text holds calls, adds them to the last delta.
 
 use crate::backend::{PromptLogprobs, TokenOut};
 use crate::generate::{ChoiceDelta, Generation};
+use crate::structured::{parse_tool_calls, ParsedCall, ToolMode};
 use crate::validate::Endpoint;
 use model_loader::Tokenizer;
 use serde_json::{json, Map, Value};
@@ -137,7 +147,7 @@ fn chat_logprobs(tok: &Tokenizer, tokens: &[TokenOut], top: usize) -> Value {
 }
 
 fn logprobs_value(g: &Generation, tokens: &[TokenOut], offset: usize) -> Value {
-    match g.req.params.logprobs {
+    match g.req.params.sampling.logprobs {
         None => Value::Null,
         Some(k) => match g.req.endpoint {
             Endpoint::Completions => completion_logprobs(g.tokenizer(), tokens, offset),
@@ -149,8 +159,12 @@ fn logprobs_value(g: &Generation, tokens: &[TokenOut], offset: usize) -> Value {
 /// A whole completions choice's logprobs: with `echo`, the prompt's part
 /// first (when the engine sent the prompt's logprobs).
 fn choice_logprobs(g: &Generation, index: usize, tokens: &[TokenOut], offset: usize) -> Value {
-    let pi = index / g.req.params.n;
-    let echo = match (g.req.echo, g.req.params.logprobs, &g.prompt_logprobs[pi]) {
+    let pi = index / g.req.params.sampling.n;
+    let echo = match (
+        g.req.echo,
+        g.req.params.sampling.logprobs,
+        &g.prompt_logprobs[pi],
+    ) {
         (true, Some(k), Some(list)) => Some((k, g.req.prompts[pi].token_ids.as_slice(), list)),
         _ => None,
     };
@@ -202,7 +216,7 @@ pub fn usage(g: &Generation) -> Value {
 }
 
 fn prompt_of(g: &Generation, index: usize) -> &crate::validate::Prompt {
-    &g.req.prompts[index / g.req.params.n]
+    &g.req.prompts[index / g.req.params.sampling.n]
 }
 
 /// The non-streaming response.
@@ -220,18 +234,26 @@ pub fn full_response(meta: &ResponseMeta, g: &Generation) -> Value {
                     "index": i, "text": format!("{echo}{}", c.text), "logprobs": lp,
                     "finish_reason": c.finish_reason, "stop_reason": Value::Null,
                 }),
-                Endpoint::Chat => json!({
-                    "index": i,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": lp, "finish_reason": c.finish_reason, "stop_reason": Value::Null,
-                }),
+                Endpoint::Chat => {
+                    let mut message = json!({"role": "assistant", "content": c.text});
+                    let mut finish = c.finish_reason;
+                    if let Some((content, calls)) = parse_tool_calls(&g.req.tool_mode, &c.text) {
+                        message["content"] = json!(content);
+                        message["tool_calls"] = tool_calls_value(meta, i, &calls, true);
+                        finish = tool_finish(finish);
+                    }
+                    json!({
+                        "index": i, "message": message,
+                        "logprobs": lp, "finish_reason": finish, "stop_reason": Value::Null,
+                    })
+                }
             };
             if g.req.return_token_ids {
                 v["token_ids"] = json!(c.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
                 v["prompt_token_ids"] = json!(prompt.token_ids);
             }
             if meta.endpoint == Endpoint::Completions {
-                if let Some(p) = prompt_logprobs_of(g, i / g.req.params.n) {
+                if let Some(p) = prompt_logprobs_of(g, i / g.req.params.sampling.n) {
                     v["prompt_logprobs"] = p;
                 }
             }
@@ -250,6 +272,79 @@ pub fn full_response(meta: &ResponseMeta, g: &Generation) -> Value {
     r
 }
 
+/// "tool_calls" replaces a normal end ("stop"); "length" and "abort" stay.
+fn tool_finish(f: Option<&'static str>) -> Option<&'static str> {
+    match f {
+        Some("stop") => Some("tool_calls"),
+        other => other,
+    }
+}
+
+/// OpenAI's `tool_calls` list (`whole`: with id, type and name, as in a
+/// full message or a first stream delta).
+fn tool_calls_value(
+    meta: &ResponseMeta,
+    choice: usize,
+    calls: &[ParsedCall],
+    whole: bool,
+) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                if whole {
+                    json!({
+                        "index": k, "id": format!("call_{}_{choice}_{k}", meta.id),
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    })
+                } else {
+                    json!({"index": k, "function": {"arguments": c.arguments}})
+                }
+            })
+            .collect(),
+    )
+}
+
+/// A chat delta under a tool mode; `None`: the plain content delta.
+fn tool_delta(
+    meta: &ResponseMeta,
+    g: &Generation,
+    d: &ChoiceDelta,
+    offset: usize,
+) -> Option<Value> {
+    let finished = d.finish_reason.is_some();
+    match &g.req.tool_mode {
+        ToolMode::None => None,
+        ToolMode::Named(name) => {
+            let call = [ParsedCall {
+                name: name.clone(),
+                arguments: d.text.clone(),
+            }];
+            let delta = if d.text.is_empty() && offset > 0 {
+                json!({})
+            } else {
+                json!({"tool_calls": tool_calls_value(meta, d.index, &call, offset == 0)})
+            };
+            Some(delta)
+        }
+        ToolMode::Required | ToolMode::Auto => {
+            let text = g.choices.get(d.index).map_or("", |c| c.text.as_str());
+            let parsed = finished
+                .then(|| parse_tool_calls(&g.req.tool_mode, text))
+                .flatten();
+            match (parsed, &g.req.tool_mode) {
+                (Some((_, calls)), _) => Some(json!({
+                    "tool_calls": tool_calls_value(meta, d.index, &calls, true)
+                })),
+                (None, ToolMode::Required) => Some(json!({})),
+                (None, _) => None,
+            }
+        }
+    }
+}
+
 fn chunk(meta: &ResponseMeta, choices: Vec<Value>, usage: Value) -> Value {
     json!({
         "id": meta.id, "object": meta.object(true), "created": meta.created,
@@ -260,7 +355,9 @@ fn chunk(meta: &ResponseMeta, choices: Vec<Value>, usage: Value) -> Value {
 /// Whether a stream's echo waits for the first generated text (completions
 /// with `echo` and `logprobs`: the prompt's logprobs come with it).
 pub fn echo_waits_for_output(g: &Generation) -> bool {
-    g.req.endpoint == Endpoint::Completions && g.req.echo && g.req.params.logprobs.is_some()
+    g.req.endpoint == Endpoint::Completions
+        && g.req.echo
+        && g.req.params.sampling.logprobs.is_some()
 }
 
 /// The first chunk of each choice: the chat role, or the echoed prompt.
@@ -298,12 +395,22 @@ pub fn delta_chunk(meta: &ResponseMeta, g: &Generation, d: &ChoiceDelta, offset:
             "index": d.index, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason,
         }),
         Endpoint::Chat => {
-            let delta = if d.text.is_empty() && d.finish_reason.is_some() {
-                json!({})
-            } else {
-                json!({"content": d.text})
+            let mut finish = d.finish_reason;
+            let delta = match tool_delta(meta, g, d, offset) {
+                Some(t) => {
+                    let called = t.get("tool_calls").is_some() || g.req.tool_mode != ToolMode::Auto;
+                    if called && d.finish_reason.is_some() {
+                        let text = g.choices.get(d.index).map_or("", |c| c.text.as_str());
+                        if parse_tool_calls(&g.req.tool_mode, text).is_some() {
+                            finish = tool_finish(finish);
+                        }
+                    }
+                    t
+                }
+                None if d.text.is_empty() && d.finish_reason.is_some() => json!({}),
+                None => json!({"content": d.text}),
             };
-            json!({"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": d.finish_reason})
+            json!({"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": finish})
         }
     };
     if g.req.return_token_ids {
@@ -311,7 +418,7 @@ pub fn delta_chunk(meta: &ResponseMeta, g: &Generation, d: &ChoiceDelta, offset:
     }
     let prompt_lp = d
         .prompt_logprobs
-        .then(|| prompt_logprobs_of(g, d.index / g.req.params.n))
+        .then(|| prompt_logprobs_of(g, d.index / g.req.params.sampling.n))
         .flatten();
     match (meta.endpoint, prompt_lp) {
         (Endpoint::Completions, Some(p)) => {

@@ -3,29 +3,34 @@
 //! `prompt + max_tokens <= max_model_len` enforced. Nothing past this module
 //! re-checks a parameter.
 //!
-//! Ranges follow OpenAI and vLLM: temperature in [0, 2], top_p in (0, 1],
-//! n in [1, 128], best_of >= n, penalties in [-2, 2], repetition_penalty in
-//! (0, 2], min_p in [0, 1], top_k -1 (off) or >= 1, logprobs in [0, 20],
-//! prompt_logprobs in [0, 20], early_stopping a boolean (vLLM's "never" is
-//! refused), at most 4 stop strings (OpenAI's limit), none empty.
+//! Sampling parameters are parsed here into the engine's own types and
+//! range-checked once, by `engine::sampler::SamplingParams::validate` (its
+//! error names the parameter for the 400's `param`); what is checked here
+//! is the wire form: negative counts, top_k -1 (off), token ids inside the
+//! vocabulary (`stop_token_ids`, `logit_bias` keys), early_stopping a boolean
+//! (vLLM's "never" is refused), at most 4 stop strings (OpenAI's limit),
+//! none empty. Structured outputs and tools: see [`crate::structured`]; a
+//! chat message without `content` is a 400 unless it is an assistant
+//! message with `tool_calls`.
 //! With `echo` and `logprobs`, the prompt's logprobs are asked for too (as
 //! vLLM does), with `max(logprobs, prompt_logprobs)` alternatives.
 //! Cost: O(prompt length) for tokenization plus O(number of fields).
 
-use crate::backend::{BackendLimits, SamplingParams};
+use crate::backend::{BackendLimits, RequestParams, SamplingParams};
 use crate::error::ApiError;
 use crate::protocol::{
     ChatMessageIn, ChatRequest, CommonParams, CompletionRequest, ContentPart, MessageContent,
     PromptInput, StopInput,
 };
+use crate::structured::{GrammarCache, ToolMode};
+use engine::grammar::GrammarSpec;
+use engine::sampler::MAX_LOGPROBS;
 use model_loader::{ChatMessage, ChatTemplate, Tokenizer};
 
 /// Most prompts in one batch request.
 pub const MAX_BATCH_PROMPTS: usize = 256;
 /// Most stop strings.
 pub const MAX_STOP_STRINGS: usize = 4;
-/// Most top logprobs per token.
-pub const MAX_LOGPROBS: usize = 20;
 
 /// Which endpoint a request came from (shapes the response).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +55,9 @@ pub struct GenerateRequest {
     pub prompts: Vec<Prompt>,
     /// Engine parameters; `max_tokens` is resolved per prompt in
     /// [`GenerateRequest::max_tokens_for`].
-    pub params: SamplingParams,
+    pub params: RequestParams,
+    /// Chat: how tool calls are returned.
+    pub tool_mode: ToolMode,
     /// `max_tokens` as asked (`None`: fill the context).
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
@@ -74,25 +81,19 @@ pub struct ValidationContext<'a> {
     pub tokenizer: &'a Tokenizer,
     pub chat_template: Option<&'a ChatTemplate>,
     pub limits: BackendLimits,
+    /// The grammar compiler (built on the first constrained request).
+    pub grammars: &'a GrammarCache,
 }
 
-fn check_model(ctx: &ValidationContext<'_>, model: &Option<String>) -> Result<String, ApiError> {
+pub(crate) fn check_model(
+    ctx: &ValidationContext<'_>,
+    model: &Option<String>,
+) -> Result<String, ApiError> {
     match model {
         None => Ok(ctx.served_model_name.to_string()),
         Some(m) if m == ctx.served_model_name => Ok(m.clone()),
         Some(m) => Err(ApiError::ModelNotFound(m.clone())),
     }
-}
-
-fn range_f(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
-    let v = v.unwrap_or(default);
-    if !(lo..=hi).contains(&v) {
-        return Err(ApiError::invalid(
-            name,
-            format!("{name} must be in [{lo}, {hi}], got {v}"),
-        ));
-    }
-    Ok(v as f32)
 }
 
 fn nonneg(name: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> {
@@ -106,7 +107,7 @@ fn nonneg(name: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> {
     }
 }
 
-fn token_id(ctx: &ValidationContext<'_>, name: &str, id: i64) -> Result<u32, ApiError> {
+pub(crate) fn token_id(ctx: &ValidationContext<'_>, name: &str, id: i64) -> Result<u32, ApiError> {
     let vocab = ctx.tokenizer.vocab_size();
     if id < 0 || id as u64 >= vocab as u64 {
         return Err(ApiError::invalid(
@@ -138,26 +139,33 @@ fn stops(stop: &Option<StopInput>) -> Result<Vec<String>, ApiError> {
     Ok(list)
 }
 
-/// Parameters common to both endpoints; `logprobs` is endpoint-specific.
+/// `logit_bias`: token id (as a string key) -> bias.
+fn logit_bias(ctx: &ValidationContext<'_>, c: &CommonParams) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = &c.logit_bias else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, &v) in map {
+        let id: i64 = k.trim().parse().map_err(|_| {
+            ApiError::invalid(
+                "logit_bias",
+                format!("logit_bias keys must be token ids, got {k:?}"),
+            )
+        })?;
+        out.push((token_id(ctx, "logit_bias", id)?, v as f32));
+    }
+    out.sort_by_key(|&(t, _)| t);
+    Ok(out)
+}
+
+/// Parameters common to both endpoints, in the engine's types (checked by
+/// the engine's `validate` in [`finish`]); `logprobs` is endpoint-specific.
 fn sampling(
     ctx: &ValidationContext<'_>,
     c: &CommonParams,
     logprobs: Option<usize>,
-) -> Result<SamplingParams, ApiError> {
+) -> Result<RequestParams, ApiError> {
     let n = nonneg("n", c.n)?.unwrap_or(1);
-    if !(1..=128).contains(&n) {
-        return Err(ApiError::invalid(
-            "n",
-            format!("n must be in [1, 128], got {n}"),
-        ));
-    }
-    let best_of = nonneg("best_of", c.best_of)?.unwrap_or(n);
-    if best_of < n || best_of > 128 {
-        return Err(ApiError::invalid(
-            "best_of",
-            format!("best_of must be >= n ({n}) and <= 128, got {best_of}"),
-        ));
-    }
     let top_k = match c.top_k {
         None | Some(-1) | Some(0) => None,
         Some(k) if k >= 1 => Some(k as usize),
@@ -168,33 +176,7 @@ fn sampling(
             ))
         }
     };
-    let top_p = range_f("top_p", c.top_p, 0.0, 1.0, 1.0)?;
-    if top_p <= 0.0 {
-        return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
-    }
-    let repetition_penalty = range_f("repetition_penalty", c.repetition_penalty, 0.0, 2.0, 1.0)?;
-    if repetition_penalty <= 0.0 {
-        return Err(ApiError::invalid(
-            "repetition_penalty",
-            "repetition_penalty must be in (0, 2]",
-        ));
-    }
-    if let Some(bias) = &c.logit_bias {
-        if !bias.is_empty() {
-            return Err(ApiError::invalid(
-                "logit_bias",
-                "logit_bias is not supported",
-            ));
-        }
-    }
     let use_beam_search = c.use_beam_search.unwrap_or(false);
-    let prompt_logprobs = nonneg("prompt_logprobs", c.prompt_logprobs)?;
-    if prompt_logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
-        return Err(ApiError::invalid(
-            "prompt_logprobs",
-            format!("prompt_logprobs must be in [0, {MAX_LOGPROBS}]"),
-        ));
-    }
     let early_stopping = match &c.early_stopping {
         None | Some(serde_json::Value::Null) => false,
         Some(serde_json::Value::Bool(b)) => *b,
@@ -211,27 +193,66 @@ fn sampling(
         .flatten()
         .map(|&t| token_id(ctx, "stop_token_ids", t))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(SamplingParams {
+    let f = |v: Option<f64>, default: f32| v.map_or(default, |x| x as f32);
+    let sampling = SamplingParams {
         n,
-        best_of,
-        max_tokens: 0,
-        min_tokens: nonneg("min_tokens", c.min_tokens)?.unwrap_or(0),
-        temperature: range_f("temperature", c.temperature, 0.0, 2.0, 1.0)?,
-        top_p,
+        best_of: Some(nonneg("best_of", c.best_of)?.unwrap_or(n)),
+        // Beam search is deterministic (vLLM's older behaviour).
+        temperature: if use_beam_search {
+            0.0
+        } else {
+            f(c.temperature, 1.0)
+        },
+        top_p: f(c.top_p, 1.0),
         top_k,
-        min_p: range_f("min_p", c.min_p, 0.0, 1.0, 0.0)?,
-        presence_penalty: range_f("presence_penalty", c.presence_penalty, -2.0, 2.0, 0.0)?,
-        frequency_penalty: range_f("frequency_penalty", c.frequency_penalty, -2.0, 2.0, 0.0)?,
-        repetition_penalty,
+        min_p: f(c.min_p, 0.0),
+        presence_penalty: f(c.presence_penalty, 0.0),
+        frequency_penalty: f(c.frequency_penalty, 0.0),
+        repetition_penalty: f(c.repetition_penalty, 1.0),
         seed: c.seed.map(|s| s as u64),
+        min_tokens: nonneg("min_tokens", c.min_tokens)?.unwrap_or(0),
+        logprobs,
+        prompt_logprobs: nonneg("prompt_logprobs", c.prompt_logprobs)?,
+        use_beam_search,
+        length_penalty: f(c.length_penalty, 1.0),
+        early_stopping,
+        logit_bias: logit_bias(ctx, c)?,
+        structured: None,
+    };
+    Ok(RequestParams {
+        max_tokens: None,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         stop_token_ids,
-        logprobs,
-        use_beam_search,
-        length_penalty: c.length_penalty.unwrap_or(1.0) as f32,
-        early_stopping,
-        prompt_logprobs,
+        sampling,
+        ..RequestParams::default()
     })
+}
+
+/// Compiles the request's constraint (from the shared fields, or `tool`
+/// from `tool_choice`) into `params`.
+fn constrain(
+    ctx: &ValidationContext<'_>,
+    c: &CommonParams,
+    tool: Option<GrammarSpec>,
+    params: &mut RequestParams,
+) -> Result<(), ApiError> {
+    let asked = crate::structured::requested_spec(c)?;
+    let (spec, param) = match (asked, tool) {
+        (Some((_, p)), Some(_)) => return Err(ApiError::invalid(
+            p,
+            "a structured output constraint cannot be combined with tool_choice required or named",
+        )),
+        (Some((s, p)), None) => (s, p),
+        (None, Some(s)) => (s, "tools"),
+        (None, None) => return Ok(()),
+    };
+    params.sampling.structured = Some(crate::structured::compile(
+        ctx.grammars,
+        ctx.tokenizer,
+        &spec,
+        param,
+    )?);
+    Ok(())
 }
 
 /// Builds the request once prompts are tokenized: checks lengths.
@@ -241,7 +262,7 @@ fn finish(
     model: String,
     prompts: Vec<Prompt>,
     c: &CommonParams,
-    mut params: SamplingParams,
+    params: RequestParams,
     echo: bool,
 ) -> Result<GenerateRequest, ApiError> {
     let max_tokens = nonneg("max_tokens", c.max_tokens)?;
@@ -251,17 +272,7 @@ fn finish(
             "max_tokens must be at least 1",
         ));
     }
-    if let Some(m) = max_tokens {
-        if params.min_tokens > m {
-            return Err(ApiError::invalid(
-                "min_tokens",
-                format!(
-                    "min_tokens ({}) must be <= max_tokens ({m})",
-                    params.min_tokens
-                ),
-            ));
-        }
-    }
+    params.sampling.validate(max_tokens).map_err(engine_error)?;
     let max_len = ctx.limits.max_model_len;
     for p in &prompts {
         if p.token_ids.is_empty() {
@@ -278,7 +289,6 @@ fn finish(
             )));
         }
     }
-    params.max_tokens = max_tokens.unwrap_or(0);
     let stream = c.stream.unwrap_or(false);
     let include_usage = c
         .stream_options
@@ -291,7 +301,7 @@ fn finish(
             "stream_options is only allowed with stream: true",
         ));
     }
-    if stream && params.best_of > params.n {
+    if stream && params.sampling.width() > params.sampling.n {
         return Err(ApiError::invalid(
             "best_of",
             "best_of > n is not allowed with stream: true",
@@ -302,6 +312,7 @@ fn finish(
         model,
         prompts,
         params,
+        tool_mode: ToolMode::None,
         max_tokens,
         stop: stops(&c.stop)?,
         stream,
@@ -311,7 +322,21 @@ fn finish(
     })
 }
 
-fn encode(ctx: &ValidationContext<'_>, text: &str, special: bool) -> Result<Vec<u32>, ApiError> {
+/// The engine's parameter error as a 400 naming the parameter.
+fn engine_error(e: engine::EngineError) -> ApiError {
+    match e {
+        engine::EngineError::InvalidParam { param, reason } => {
+            ApiError::invalid(param, format!("{param} {reason}"))
+        }
+        other => ApiError::invalid("request", other.to_string()),
+    }
+}
+
+pub(crate) fn encode(
+    ctx: &ValidationContext<'_>,
+    text: &str,
+    special: bool,
+) -> Result<Vec<u32>, ApiError> {
     ctx.tokenizer
         .encode(text, special)
         .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}")))
@@ -370,12 +395,6 @@ pub fn completion(
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
     let logprobs = nonneg("logprobs", r.logprobs)?;
-    if logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
-        return Err(ApiError::invalid(
-            "logprobs",
-            format!("logprobs must be in [0, {MAX_LOGPROBS}]"),
-        ));
-    }
     let mut c = r.common();
     // OpenAI's completions default; chat fills the context instead.
     c.max_tokens = c.max_tokens.or(Some(16));
@@ -383,11 +402,48 @@ pub fn completion(
     let echo = r.echo.unwrap_or(false);
     if echo {
         if let Some(k) = logprobs {
-            params.prompt_logprobs = Some(params.prompt_logprobs.map_or(k, |p| p.max(k)));
+            let s = &mut params.sampling;
+            s.prompt_logprobs = Some(s.prompt_logprobs.map_or(k, |p| p.max(k)));
         }
     }
     let prompts = completion_prompts(ctx, &r.prompt)?;
+    constrain(ctx, &c, None, &mut params)?;
     finish(ctx, Endpoint::Completions, model, prompts, &c, params, echo)
+}
+
+/// Checks chat `messages` and renders them with the model's chat template
+/// (shared by chat completions and `/tokenize`).
+pub(crate) fn render_chat(
+    ctx: &ValidationContext<'_>,
+    messages: &[ChatMessageIn],
+    add_generation_prompt: bool,
+) -> Result<String, ApiError> {
+    render_chat_with(ctx, messages, add_generation_prompt, None)
+}
+
+/// [`render_chat`] with an optional leading system message (the tools).
+fn render_chat_with(
+    ctx: &ValidationContext<'_>,
+    messages: &[ChatMessageIn],
+    add_generation_prompt: bool,
+    system: Option<String>,
+) -> Result<String, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    let mut msgs = Vec::with_capacity(messages.len() + 1);
+    if let Some(s) = system {
+        msgs.push(ChatMessage::new("system", s));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        msgs.push(template_message(i, m)?);
+    }
+    let template = ctx
+        .chat_template
+        .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
+    template
+        .render(&msgs, add_generation_prompt)
+        .map_err(|e| ApiError::invalid("messages", format!("chat template failed: {e}")))
 }
 
 fn message_text(m: &ChatMessageIn) -> Result<String, ApiError> {
@@ -408,34 +464,72 @@ fn message_text(m: &ChatMessageIn) -> Result<String, ApiError> {
     }
 }
 
+/// One history message for the chat template: tool calls and tool results
+/// in the Hermes text form (see [`crate::structured`]).
+fn template_message(i: usize, m: &ChatMessageIn) -> Result<ChatMessage, ApiError> {
+    const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
+    if !ROLES.contains(&m.role.as_str()) {
+        return Err(ApiError::invalid(
+            "messages",
+            format!("unknown role {:?}", m.role),
+        ));
+    }
+    let calls = m.tool_calls.as_deref().unwrap_or(&[]);
+    if !calls.is_empty() && m.role != "assistant" {
+        return Err(ApiError::invalid(
+            "messages",
+            format!("messages[{i}]: only assistant messages carry tool_calls"),
+        ));
+    }
+    if m.content.is_none() && calls.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "messages[{i}] ({}) has no content (only an assistant message with tool_calls may omit it)",
+                m.role
+            ),
+        ));
+    }
+    let role = if m.role == "developer" {
+        "system"
+    } else {
+        m.role.as_str()
+    };
+    let mut text = message_text(m)?;
+    if !calls.is_empty() {
+        let pairs: Vec<(String, String)> = calls
+            .iter()
+            .map(|c| {
+                (
+                    c.function.name.clone(),
+                    c.function.arguments.clone().unwrap_or_else(|| "{}".into()),
+                )
+            })
+            .collect();
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&crate::structured::tool_calls_text(&pairs));
+    }
+    if role == "tool" {
+        text = format!("<tool_response>\n{text}\n</tool_response>");
+    }
+    Ok(ChatMessage::new(role, text))
+}
+
 /// Validates a `/v1/chat/completions` body; applies the chat template.
 pub fn chat(ctx: &ValidationContext<'_>, r: &ChatRequest) -> Result<GenerateRequest, ApiError> {
     let model = check_model(ctx, &r.model)?;
-    if r.messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages must not be empty"));
-    }
-    const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
-    let mut msgs = Vec::with_capacity(r.messages.len());
-    for m in &r.messages {
-        if !ROLES.contains(&m.role.as_str()) {
-            return Err(ApiError::invalid(
-                "messages",
-                format!("unknown role {:?}", m.role),
-            ));
-        }
-        let role = if m.role == "developer" {
-            "system"
-        } else {
-            m.role.as_str()
-        };
-        msgs.push(ChatMessage::new(role, message_text(m)?));
-    }
-    let template = ctx
-        .chat_template
-        .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
-    let text = template
-        .render(&msgs, r.add_generation_prompt.unwrap_or(true))
-        .map_err(|e| ApiError::invalid("messages", format!("chat template failed: {e}")))?;
+    let tool_mode = crate::structured::tool_mode(r)?;
+    let tools = r.tools.as_deref().unwrap_or(&[]);
+    let tools_text =
+        (tool_mode != ToolMode::None).then(|| crate::structured::tools_system_text(tools));
+    let text = render_chat_with(
+        ctx,
+        &r.messages,
+        r.add_generation_prompt.unwrap_or(true),
+        tools_text,
+    )?;
     // The template writes BOS itself where the model wants it.
     let token_ids = encode(ctx, &text, false)?;
     let logprobs = match (r.logprobs.unwrap_or(false), r.top_logprobs) {
@@ -455,7 +549,11 @@ pub fn chat(ctx: &ValidationContext<'_>, r: &ChatRequest) -> Result<GenerateRequ
         (false, None) => None,
     };
     let c = r.common();
-    let params = sampling(ctx, &c, logprobs)?;
+    let mut params = sampling(ctx, &c, logprobs)?;
+    let tool_spec = crate::structured::tool_spec(&tool_mode, tools);
+    constrain(ctx, &c, tool_spec, &mut params)?;
     let prompts = vec![Prompt { text, token_ids }];
-    finish(ctx, Endpoint::Chat, model, prompts, &c, params, false)
+    let mut req = finish(ctx, Endpoint::Chat, model, prompts, &c, params, false)?;
+    req.tool_mode = tool_mode;
+    Ok(req)
 }

@@ -335,7 +335,7 @@ fn models_and_metrics() {
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         "vllm:num_requests_swapped",
-        "vllm:gpu_cache_usage_perc",
+        "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_queries_total",
         "vllm:prefix_cache_hits_total",
         "vllm:inter_token_latency_seconds_count",

@@ -52,7 +52,7 @@ fn bad_inputs_get_typed_errors_and_the_server_keeps_serving() {
         (
             "not an object",
             raw_request("POST", "/v1/completions", &json_headers, b"[1,2]"),
-            422,
+            400,
         ),
         (
             "body too large",
@@ -118,13 +118,13 @@ fn bad_inputs_get_typed_errors_and_the_server_keeps_serving() {
             "max_tokens of wrong type",
             "/v1/completions",
             json!({"prompt": "hi", "max_tokens": "ten"}),
-            422,
+            400,
         ),
         (
             "stream of wrong type",
             "/v1/completions",
             json!({"prompt": "hi", "stream": "yes"}),
-            422,
+            400,
         ),
         (
             "prompt of wrong type",
@@ -280,7 +280,7 @@ fn bad_inputs_get_typed_errors_and_the_server_keeps_serving() {
             "chat: messages of wrong type",
             "/v1/chat/completions",
             json!({"messages": "hello"}),
-            422,
+            400,
         ),
         (
             "chat: unknown model",

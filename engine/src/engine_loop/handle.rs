@@ -7,6 +7,15 @@
 //!   never exceeds `max_waiting` by more than the number of racing callers;
 //! - a dropped [`RequestStream`] aborts its request (freeing its blocks) at
 //!   the engine thread's next command poll, at most one step later;
+//! - output streams are bounded: a request's channel holds at most
+//!   [`HandleConfig::stream_capacity`] outputs. When it is full, the engine
+//!   parks the request's newer outputs in one merged output (tokens in
+//!   order, nothing lost) and retries every loop turn; a stream that stays
+//!   full for [`HandleConfig::stall_timeout`] (its reader stopped reading)
+//!   has its request aborted and its blocks freed, and its channel closed
+//!   (the reader sees the outputs already queued, then the end). What one
+//!   request holds is thus at most `stream_capacity` outputs plus the tokens
+//!   generated during one stall timeout;
 //! - after [`EngineHandle::shutdown`] returns, the thread has exited and no
 //!   new request is accepted.
 
@@ -15,10 +24,12 @@ use crate::error::EngineError;
 use crate::scheduler::{validate_request, FinishReason, RequestId, RequestParams, SchedulerConfig};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::{channel, Receiver as StreamRx, Sender as StreamTx};
 
 /// One item of a request's stream.
 pub type StreamItem = Result<RequestOutput, EngineError>;
@@ -28,13 +39,26 @@ pub type StreamItem = Result<RequestOutput, EngineError>;
 pub struct HandleConfig {
     /// Most requests waiting for admission before `Overloaded` is returned.
     pub max_waiting: usize,
+    /// Outputs a request's stream holds before the engine parks newer ones
+    /// (at least 1; one output is one step's new tokens).
+    pub stream_capacity: usize,
+    /// How long a stream may stay full (its reader not reading) before its
+    /// request is aborted and its blocks freed.
+    pub stall_timeout: Duration,
 }
 
 impl Default for HandleConfig {
     fn default() -> Self {
-        Self { max_waiting: 1024 }
+        Self {
+            max_waiting: 1024,
+            stream_capacity: 64,
+            stall_timeout: Duration::from_secs(30),
+        }
     }
 }
+
+/// How often parked outputs are retried while the engine is otherwise idle.
+const PARK_POLL: Duration = Duration::from_millis(5);
 
 /// What happens to unfinished requests at shutdown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +74,7 @@ enum Command {
         id: RequestId,
         prompt: Vec<u32>,
         params: Box<RequestParams>,
-        tx: UnboundedSender<StreamItem>,
+        tx: StreamTx<StreamItem>,
     },
     Abort(RequestId),
     Shutdown(ShutdownMode),
@@ -61,6 +85,8 @@ struct Shared {
     waiting: AtomicUsize,
     accepting: AtomicBool,
     stats: Mutex<EngineStats>,
+    /// Requests aborted because their stream stayed full too long.
+    stall_aborts: AtomicU64,
 }
 
 struct Inner {
@@ -88,13 +114,14 @@ impl EngineHandle {
             waiting: AtomicUsize::new(0),
             accepting: AtomicBool::new(true),
             stats: Mutex::new(engine.stats()),
+            stall_aborts: AtomicU64::new(0),
         });
         let scheduler = engine.scheduler_config().clone();
         let capacity_tokens = engine.kv_capacity_tokens();
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("engine".into())
-            .spawn(move || EngineThread::new(engine, rx, thread_shared).run())
+            .spawn(move || EngineThread::new(engine, rx, thread_shared, config).run())
             .map_err(|e| EngineError::InvalidConfig(format!("cannot start engine thread: {e}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -131,7 +158,7 @@ impl EngineHandle {
             });
         }
         let id = RequestId(inner.next_id.fetch_add(1, Ordering::Relaxed));
-        let (tx, rx) = unbounded_channel();
+        let (tx, rx) = channel(inner.config.stream_capacity.max(1));
         let cmd = Command::Add {
             id,
             prompt,
@@ -153,6 +180,12 @@ impl EngineHandle {
     /// Aborts a request; its stream ends with a `finish_reason` of abort.
     pub fn abort(&self, id: RequestId) {
         let _ = self.inner.tx.send(Command::Abort(id));
+    }
+
+    /// Requests aborted so far because their reader stopped reading for
+    /// longer than [`HandleConfig::stall_timeout`].
+    pub fn stream_stall_aborts(&self) -> u64 {
+        self.inner.shared.stall_aborts.load(Ordering::Relaxed)
     }
 
     /// The counters as of the last step.
@@ -195,7 +228,7 @@ impl Drop for Inner {
 /// A request's outputs. Dropping it aborts the request.
 pub struct RequestStream {
     id: RequestId,
-    rx: UnboundedReceiver<StreamItem>,
+    rx: StreamRx<StreamItem>,
     tx: Sender<Command>,
     done: bool,
 }
@@ -235,23 +268,116 @@ impl Drop for RequestStream {
     }
 }
 
+/// What became of an output offered to a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Offer {
+    Sent,
+    /// The channel is full; the output waits in [`Slot::parked`].
+    Parked,
+    /// The reader is gone.
+    Gone,
+}
+
+/// The engine thread's end of one request's stream.
+struct Slot {
+    tx: StreamTx<StreamItem>,
+    /// Outputs that did not fit, merged into one (an error is final).
+    parked: Option<StreamItem>,
+    /// When the channel was first found full since the last successful send.
+    stalled_since: Option<Instant>,
+    /// The engine has finished the request (its blocks are free).
+    finished: bool,
+}
+
+impl Slot {
+    fn new(tx: StreamTx<StreamItem>) -> Self {
+        Self {
+            tx,
+            parked: None,
+            stalled_since: None,
+            finished: false,
+        }
+    }
+
+    /// Queues `item` behind whatever is parked, then tries to send.
+    fn offer(&mut self, item: StreamItem, now: Instant) -> Offer {
+        let item = match (self.parked.take(), item) {
+            (Some(Ok(mut p)), Ok(o)) => {
+                merge(&mut p, o);
+                Ok(p)
+            }
+            (Some(p), _) => p,
+            (None, i) => i,
+        };
+        self.try_send(item, now)
+    }
+
+    /// Retries the parked output.
+    fn flush(&mut self, now: Instant) -> Offer {
+        match self.parked.take() {
+            Some(item) => self.try_send(item, now),
+            None => Offer::Sent,
+        }
+    }
+
+    fn try_send(&mut self, item: StreamItem, now: Instant) -> Offer {
+        match self.tx.try_send(item) {
+            Ok(()) => {
+                self.stalled_since = None;
+                Offer::Sent
+            }
+            Err(TrySendError::Full(item)) => {
+                self.parked = Some(item);
+                self.stalled_since.get_or_insert(now);
+                Offer::Parked
+            }
+            Err(TrySendError::Closed(_)) => Offer::Gone,
+        }
+    }
+}
+
+/// Appends `later` to `into` (same request, `later` produced after `into`).
+fn merge(into: &mut RequestOutput, later: RequestOutput) {
+    for s in later.seqs {
+        let d = into.seq_mut(s.index);
+        d.new_token_ids.extend(s.new_token_ids);
+        d.new_logprobs.extend(s.new_logprobs);
+        d.new_top_logprobs.extend(s.new_top_logprobs);
+        if s.finish_reason.is_some() {
+            d.finish_reason = s.finish_reason;
+        }
+    }
+    into.finished |= later.finished;
+    into.num_cached_tokens = later.num_cached_tokens;
+    if into.prompt_logprobs.is_none() {
+        into.prompt_logprobs = later.prompt_logprobs;
+    }
+}
+
 /// State of the engine thread.
 struct EngineThread {
     engine: LlmEngine,
     rx: Receiver<Command>,
     shared: Arc<Shared>,
-    streams: HashMap<RequestId, UnboundedSender<StreamItem>>,
+    streams: HashMap<RequestId, Slot>,
     shutdown: Option<ShutdownMode>,
+    stall_timeout: Duration,
 }
 
 impl EngineThread {
-    fn new(engine: LlmEngine, rx: Receiver<Command>, shared: Arc<Shared>) -> Self {
+    fn new(
+        engine: LlmEngine,
+        rx: Receiver<Command>,
+        shared: Arc<Shared>,
+        config: HandleConfig,
+    ) -> Self {
         Self {
             engine,
             rx,
             shared,
             streams: HashMap::new(),
             shutdown: None,
+            stall_timeout: config.stall_timeout,
         }
     }
 
@@ -265,25 +391,43 @@ impl EngineThread {
                     self.abort_all();
                     break;
                 }
-                Some(ShutdownMode::Drain) if !self.engine.has_unfinished() => break,
+                Some(ShutdownMode::Drain)
+                    if !self.engine.has_unfinished() && !self.has_parked() =>
+                {
+                    break
+                }
                 _ => {}
             }
             if self.engine.has_unfinished() {
                 let outputs = self.engine.step();
                 self.dispatch(outputs);
             }
+            self.flush_parked();
             self.publish();
         }
         self.publish();
     }
 
-    /// Handles pending commands; blocks for one when idle. False when every
-    /// sender is gone.
+    fn has_parked(&self) -> bool {
+        self.streams.values().any(|s| s.parked.is_some())
+    }
+
+    /// Handles pending commands; blocks for one when idle (for at most
+    /// [`PARK_POLL`] while outputs are parked). False when every sender is
+    /// gone.
     fn poll_commands(&mut self) -> bool {
-        if !self.engine.has_unfinished() && self.shutdown.is_none() {
-            match self.rx.recv() {
-                Ok(cmd) => self.handle(cmd),
-                Err(_) => return false,
+        if !self.engine.has_unfinished() {
+            if self.has_parked() {
+                match self.rx.recv_timeout(PARK_POLL) {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                }
+            } else if self.shutdown.is_none() {
+                match self.rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => return false,
+                }
             }
         }
         loop {
@@ -305,25 +449,26 @@ impl EngineThread {
             } => {
                 self.shared.queued.fetch_sub(1, Ordering::AcqRel);
                 if self.shutdown.is_some() {
-                    let _ = tx.send(Err(EngineError::ShutDown));
+                    let _ = tx.try_send(Err(EngineError::ShutDown));
                     return;
                 }
                 match self.engine.add_request(id, prompt, *params) {
                     Ok(()) => {
-                        self.streams.insert(id, tx);
+                        self.streams.insert(id, Slot::new(tx));
                     }
                     Err(e) => {
-                        let _ = tx.send(Err(e));
+                        let _ = tx.try_send(Err(e));
                     }
                 }
             }
             Command::Abort(id) => {
                 self.engine.abort_request(id);
-                if let Some(tx) = self.streams.remove(&id) {
+                if let Some(mut slot) = self.streams.remove(&id) {
                     let mut out = RequestOutput::new(id);
                     out.finished = true;
                     out.seq_mut(0).finish_reason = Some(FinishReason::Abort);
-                    let _ = tx.send(Ok(out));
+                    // Best effort: a full channel just closes.
+                    let _ = slot.offer(Ok(out), Instant::now());
                 }
             }
             Command::Shutdown(mode) => {
@@ -336,6 +481,7 @@ impl EngineThread {
     }
 
     fn dispatch(&mut self, outputs: Vec<RequestOutput>) {
+        let now = Instant::now();
         for out in outputs {
             let id = out.request_id;
             let finished = out.finished;
@@ -343,23 +489,68 @@ impl EngineThread {
                 Some(e) => Err(e),
                 None => Ok(out),
             };
-            let Some(tx) = self.streams.get(&id) else {
+            let Some(slot) = self.streams.get_mut(&id) else {
                 continue;
             };
-            if tx.send(item).is_err() {
-                // The reader is gone: free its blocks now.
-                self.engine.abort_request(id);
-                self.streams.remove(&id);
-            } else if finished {
-                self.streams.remove(&id);
+            slot.finished |= finished;
+            match slot.offer(item, now) {
+                Offer::Gone => {
+                    // The reader is gone: free its blocks now.
+                    self.engine.abort_request(id);
+                    self.streams.remove(&id);
+                }
+                Offer::Sent if finished => {
+                    self.streams.remove(&id);
+                }
+                Offer::Sent | Offer::Parked => {}
             }
         }
     }
 
+    /// Retries parked outputs; aborts the requests whose stream stayed full
+    /// longer than the stall timeout.
+    fn flush_parked(&mut self) {
+        let now = Instant::now();
+        let timeout = self.stall_timeout;
+        let mut drop_ids = Vec::new();
+        for (&id, slot) in self.streams.iter_mut() {
+            if slot.parked.is_none() {
+                continue;
+            }
+            match slot.flush(now) {
+                Offer::Sent if slot.finished => drop_ids.push((id, false)),
+                Offer::Sent => {}
+                Offer::Gone => drop_ids.push((id, !slot.finished)),
+                Offer::Parked => {
+                    if slot
+                        .stalled_since
+                        .is_some_and(|t| now.duration_since(t) >= timeout)
+                    {
+                        if !slot.finished {
+                            self.shared.stall_aborts.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(
+                                request = id.0,
+                                "output stream full for {timeout:?}: request aborted"
+                            );
+                        }
+                        drop_ids.push((id, !slot.finished));
+                    }
+                }
+            }
+        }
+        for (id, abort) in drop_ids {
+            if abort {
+                self.engine.abort_request(id);
+            }
+            // Dropping the sender closes the stream after what is queued.
+            self.streams.remove(&id);
+        }
+    }
+
     fn abort_all(&mut self) {
-        for (id, tx) in self.streams.drain() {
+        for (id, slot) in self.streams.drain() {
             self.engine.abort_request(id);
-            let _ = tx.send(Err(EngineError::ShutDown));
+            let _ = slot.tx.try_send(Err(EngineError::ShutDown));
         }
     }
 

@@ -9,10 +9,16 @@
 //!   handed out once: on the request's first output carrying tokens (or its
 //!   final output when outputs are buffered);
 //! - an executor failure aborts (and frees) every request it touched, and the
-//!   loop keeps serving the others.
+//!   loop keeps serving the others;
+//! - constrained rows (`SamplingParams::structured`) are masked before their
+//!   draw; their masks are computed on a second thread while the forward
+//!   pass runs (they depend only on tokens already known), see
+//!   [`crate::grammar`].
 //!
 //! Cost per step: the scheduler's, the forward pass, and the sampler's
-//! O(rows x vocab) (see `postprocess` for forks, best_of and beam search).
+//! O(rows x vocab) (see `postprocess` for forks, best_of and beam search);
+//! with constrained rows, max(forward, masks) instead of the forward pass
+//! alone, plus O(vocab) per constrained or biased row to copy and mask it.
 
 mod beam;
 mod handle;
@@ -25,6 +31,8 @@ pub use output::{RequestOutput, SeqOutput};
 
 use crate::error::EngineError;
 use crate::executor::Executor;
+use crate::grammar::state::{GrammarStates, MaskWork};
+use crate::grammar::Mask;
 use crate::kv::{KvCacheManager, KvStats};
 use crate::scheduler::{
     FinishReason, RequestId, RequestParams, Scheduler, SchedulerConfig, SchedulerOutput,
@@ -56,6 +64,13 @@ pub struct StepTimings {
     pub execute: Duration,
     pub postprocess: Duration,
     pub steps: u64,
+    /// Time spent computing grammar masks (on the mask thread).
+    pub mask_compute: Duration,
+    /// Time the step waited for masks after its forward pass (the part of
+    /// `mask_compute` not hidden behind the forward pass).
+    pub mask_wait: Duration,
+    /// Steps with at least one constrained row.
+    pub mask_steps: u64,
 }
 
 /// The synchronous engine: owns the scheduler, the KV cache and the executor.
@@ -65,6 +80,7 @@ pub struct LlmEngine {
     executor: Box<dyn Executor>,
     eos_token_ids: Vec<u32>,
     timings: StepTimings,
+    grammars: GrammarStates,
 }
 
 impl LlmEngine {
@@ -95,6 +111,7 @@ impl LlmEngine {
             executor,
             eos_token_ids: config.eos_token_ids,
             timings: StepTimings::default(),
+            grammars: GrammarStates::default(),
         })
     }
 
@@ -153,13 +170,38 @@ impl LlmEngine {
             self.timings.schedule += t1 - t0;
             return outs.list;
         }
-        let result = self.executor.execute(&sched.ops, &sched.batch);
+        if self.all_rows_plain_greedy(&sched) {
+            // Greedy rows reduced by the executor (on a GPU: 12 bytes per row
+            // leave the device); `None` means it ran nothing: fall through.
+            let result = self.executor.execute_greedy(&sched.ops, &sched.batch);
+            if !matches!(result, Ok(None)) {
+                let t2 = Instant::now();
+                match result {
+                    Ok(Some(rows)) if rows.len() == sched.targets.len() => {
+                        self.apply_greedy_rows(&sched.targets, &rows, &mut outs)
+                    }
+                    Ok(rows) => self.fail_step(
+                        &sched,
+                        EngineError::Executor(format!(
+                            "{} greedy rows for {} sampled rows",
+                            rows.map_or(0, |r| r.len()),
+                            sched.targets.len()
+                        )),
+                        &mut outs,
+                    ),
+                    Err(e) => self.fail_step(&sched, e.into(), &mut outs),
+                }
+                self.record_timings(t0, t1, t2);
+                return outs.list;
+            }
+        }
+        let (result, masks) = self.execute_with_masks(&sched);
         let t2 = Instant::now();
         let rows = sched.targets.len() + sched.prompt_targets.len();
         match result {
             Ok(logits) if logits.rows == rows => {
                 self.apply_prompt_rows(&sched, &logits);
-                self.apply_logits(&sched.targets, &logits, &mut outs)
+                self.apply_logits(&sched.targets, &logits, &masks, &mut outs)
             }
             Ok(logits) => self.fail_step(
                 &sched,
@@ -173,12 +215,85 @@ impl LlmEngine {
             ),
             Err(e) => self.fail_step(&sched, e.into(), &mut outs),
         }
+        self.record_timings(t0, t1, t2);
+        outs.list
+    }
+
+    /// Adds one step's schedule / execute / postprocess times (now is the end).
+    fn record_timings(&mut self, t0: Instant, t1: Instant, t2: Instant) {
         let t3 = Instant::now();
         self.timings.schedule += t1 - t0;
         self.timings.execute += t2 - t1;
         self.timings.postprocess += t3 - t2;
         self.timings.steps += 1;
-        outs.list
+    }
+
+    /// Runs the forward pass; meanwhile, on a second thread, the grammar
+    /// masks of the constrained rows. Returns the logits and one mask slot
+    /// per sampled row.
+    fn execute_with_masks(
+        &mut self,
+        sched: &SchedulerOutput,
+    ) -> (
+        Result<crate::executor::Logits, crate::executor::ExecError>,
+        Vec<Option<Mask>>,
+    ) {
+        let scheduler = &self.scheduler;
+        let grammars = &mut self.grammars;
+        if !grammars.is_empty() {
+            grammars.retain(|id| scheduler.group(id).is_some());
+        }
+        let work: Vec<MaskWork<'_>> = sched
+            .targets
+            .iter()
+            .enumerate()
+            .filter_map(|(row, t)| {
+                let g = scheduler.group(t.request_id)?;
+                let grammar = g.params.sampling.structured.as_ref()?;
+                let seq = g.seqs.get(t.seq_index)?;
+                Some(MaskWork {
+                    row,
+                    request_id: t.request_id,
+                    seq_index: t.seq_index,
+                    grammar,
+                    output: seq.tokens.get(seq.prompt_len..).unwrap_or(&[]),
+                })
+            })
+            .collect();
+        let mut masks: Vec<Option<Mask>> = vec![None; sched.targets.len()];
+        if work.is_empty() {
+            return (self.executor.execute(&sched.ops, &sched.batch), masks);
+        }
+        let executor = &mut self.executor;
+        let (result, computed, spent, waited) = std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                let t = Instant::now();
+                let m = grammars.compute_masks(&work);
+                (m, t.elapsed())
+            });
+            let result = executor.execute(&sched.ops, &sched.batch);
+            let t = Instant::now();
+            let (computed, spent) = h.join().unwrap_or_else(|_| (Vec::new(), Duration::ZERO));
+            (result, computed, spent, t.elapsed())
+        });
+        let fallback = work
+            .iter()
+            .map(|w| (w.row, Mask::only(w.grammar.eos(), w.grammar.vocab_size())));
+        if computed.len() == work.len() {
+            for (row, m) in computed {
+                masks[row] = Some(m);
+            }
+        } else {
+            // The mask thread panicked: the constrained rows may only end.
+            tracing::error!("grammar mask computation failed; constrained sequences end");
+            for (row, m) in fallback {
+                masks[row] = Some(m);
+            }
+        }
+        self.timings.mask_compute += spent;
+        self.timings.mask_wait += waited;
+        self.timings.mask_steps += 1;
+        (result, masks)
     }
 
     /// Aborts every request the failed step touched.

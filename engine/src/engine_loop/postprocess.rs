@@ -15,12 +15,21 @@
 //!   each position is recorded once in its group (a recomputed chunk adds
 //!   nothing) and the complete list rides on one output.
 //!
+//! - a row with a grammar mask or a `logit_bias` is copied, biased, then
+//!   masked (disallowed tokens at `-inf`) before the draw; its logprobs are
+//!   those of that processed row (vLLM also applies the grammar bitmask
+//!   before its sampler computes logprobs; for `logit_bias` vLLM reports
+//!   the unbiased logprobs, we report the biased ones).
+//!
 //! Cost: O(rows x vocab) for the draws (see `sampler::ops`) and for the
 //! prompt rows, plus O(width x candidates) per beam group.
 
 use super::{finish_reason, LlmEngine, Outputs};
-use crate::executor::Logits;
-use crate::sampler::{prompt_logprob, sample_row, top_logprobs, SampleOut, SeqContext};
+use crate::executor::{GreedyRow, Logits};
+use crate::grammar::Mask;
+use crate::sampler::{
+    greedy_on_device, prompt_logprob, sample_row, top_logprobs, SampleOut, SeqContext,
+};
 use crate::scheduler::{FinishReason, RequestId, SampleTarget, SchedulerOutput, SequenceGroup};
 use std::collections::HashMap;
 
@@ -38,10 +47,11 @@ impl LlmEngine {
         &mut self,
         targets: &[SampleTarget],
         logits: &Logits,
+        masks: &[Option<Mask>],
         outs: &mut Outputs,
     ) {
         let (draws, beam_rows) = self.plan_draws(targets);
-        let sampled = self.run_draws(&draws, logits);
+        let sampled = self.run_draws(&draws, logits, masks);
         self.fork_groups(&draws, outs);
         for (draw, s) in draws.iter().zip(sampled) {
             self.append_sampled(*draw, s, outs);
@@ -49,6 +59,51 @@ impl LlmEngine {
         self.apply_beam_rows(&beam_rows, logits, outs);
         self.scheduler
             .record_generated(draws.len() + beam_rows.len());
+    }
+
+    /// True when every row of the step is a plain greedy draw (one sequence,
+    /// no beam, no prompt rows, and `sampler::greedy_on_device`), so the
+    /// executor may reduce the rows where the logits are.
+    pub(super) fn all_rows_plain_greedy(&self, sched: &SchedulerOutput) -> bool {
+        !sched.targets.is_empty()
+            && sched.prompt_targets.is_empty()
+            && sched.targets.iter().all(|t| {
+                self.scheduler.group(t.request_id).is_some_and(|g| {
+                    let p = &g.params.sampling;
+                    !p.use_beam_search
+                        && p.width() == 1
+                        && p.structured.is_none()
+                        && p.logit_bias.is_empty()
+                        && g.seqs.get(t.seq_index).is_some_and(|s| {
+                            greedy_on_device(p, s.tokens.len().saturating_sub(s.prompt_len))
+                        })
+                })
+            })
+    }
+
+    /// Appends the executor's greedy choice of each row (see
+    /// [`Self::all_rows_plain_greedy`]): the same token and logprob the CPU
+    /// sampler would give, no top logprobs.
+    pub(super) fn apply_greedy_rows(
+        &mut self,
+        targets: &[SampleTarget],
+        rows: &[GreedyRow],
+        outs: &mut Outputs,
+    ) {
+        for (row, (t, g)) in targets.iter().zip(rows).enumerate() {
+            let draw = Draw {
+                row,
+                request_id: t.request_id,
+                seq_index: t.seq_index,
+            };
+            let s = SampleOut {
+                token: g.token,
+                logprob: g.logprob,
+                top_logprobs: Vec::new(),
+            };
+            self.append_sampled(draw, Some(s), outs);
+        }
+        self.scheduler.record_generated(targets.len());
     }
 
     /// Scores this step's prompt rows (in parallel) and records them in
@@ -107,7 +162,12 @@ impl LlmEngine {
 
     /// Runs the draws, in parallel when there are several. A draw for a
     /// fork-to-be uses the parent's history and its own stream.
-    fn run_draws(&self, draws: &[Draw], logits: &Logits) -> Vec<Option<SampleOut>> {
+    fn run_draws(
+        &self,
+        draws: &[Draw],
+        logits: &Logits,
+        masks: &[Option<Mask>],
+    ) -> Vec<Option<SampleOut>> {
         use rayon::prelude::*;
         let stops: HashMap<RequestId, Vec<u32>> = draws
             .iter()
@@ -133,7 +193,13 @@ impl LlmEngine {
         let work: Vec<Option<(usize, SeqContext<'_>)>> =
             draws.iter().map(|d| ctx(d).map(|c| (d.row, c))).collect();
         let one = |w: &Option<(usize, SeqContext<'_>)>| {
-            w.as_ref().map(|(row, c)| sample_row(logits.row(*row), c))
+            w.as_ref().map(|(row, c)| {
+                let mask = masks.get(*row).and_then(Option::as_ref);
+                match processed_row(logits.row(*row), &c.params.logit_bias, mask) {
+                    Some(processed) => sample_row(&processed, c),
+                    None => sample_row(logits.row(*row), c),
+                }
+            })
         };
         if work.len() < 2 {
             work.iter().map(one).collect()
@@ -261,6 +327,24 @@ impl LlmEngine {
             }
         }
     }
+}
+
+/// The row after `logit_bias` and the grammar mask, when either applies
+/// (`None`: the raw row is drawn from as it is).
+fn processed_row(row: &[f32], bias: &[(u32, f32)], mask: Option<&Mask>) -> Option<Vec<f32>> {
+    if bias.is_empty() && mask.is_none() {
+        return None;
+    }
+    let mut out = row.to_vec();
+    for &(t, b) in bias {
+        if let Some(v) = out.get_mut(t as usize) {
+            *v += b;
+        }
+    }
+    if let Some(m) = mask {
+        m.apply(&mut out);
+    }
+    Some(out)
 }
 
 /// A group of width > 1 that has not drawn its first token yet.

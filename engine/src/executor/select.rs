@@ -8,8 +8,38 @@
 //! `gpu_memory_utilization` profile (or an exact block count).
 
 use super::gpu::DType;
-use super::{CpuExecutor, ExecError, Executor};
+use super::{CpuExecutor, ExecError, Executor, HostLayer, HostModel, HostWeights};
 use crate::model::LlamaModel;
+
+/// The CPU model's weights as the GPU executor reads them: the one place
+/// where the CPU model meets the GPU executor. Quantized matrices show as
+/// empty slices (the upload refuses them): take [`LlamaModel::to_f32`] first.
+impl HostModel for LlamaModel {
+    fn host_weights(&self) -> HostWeights<'_> {
+        let w = self.weights();
+        HostWeights {
+            config: self.config(),
+            embedding: w.embedding,
+            final_norm: w.final_norm,
+            lm_head: w.lm_head,
+            layers: w
+                .layers
+                .iter()
+                .map(|l| HostLayer {
+                    attn_norm: l.attn_norm,
+                    qkv: l.qkv,
+                    qkv_bias: l.qkv_bias,
+                    o: l.o,
+                    ffn_norm: l.ffn_norm,
+                    gate_up: l.gate_up,
+                    down: l.down,
+                })
+                .collect(),
+            max_positions: w.rope.max_positions(),
+            cos_sin: w.rope.cos_sin_cache(),
+        }
+    }
+}
 
 /// Which executor runs the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -111,7 +141,9 @@ fn cuda(model: &LlamaModel, req: &ExecutorRequest) -> Result<BuiltExecutor, Exec
         kv,
     };
     let description = format!("cuda: {}", super::gpu::Device::describe(&dev));
-    let exec = GpuExecutor::new(dev, model, opts)?;
+    // The GPU runs f32/f16/bf16 matrices: a quantized model is dequantized
+    // for the upload (the copy is dropped once uploaded).
+    let exec = GpuExecutor::new(dev, &*model.to_f32(), opts)?;
     Ok(BuiltExecutor {
         executor: Box::new(exec),
         description,

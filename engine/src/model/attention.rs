@@ -6,8 +6,10 @@
 //! with `query_len` q and `context_len` c sits at position `c - q + i`, its
 //! K/V slot lies in the block its block table names for that position, and
 //! the block table covers `c` tokens. A query at position `p` attends to
-//! positions `0..=p` of its own sequence (causal mask), query head `h` reads
-//! KV head `h / (num_heads / num_kv_heads)` (GQA).
+//! positions `0..=p` of its own sequence (causal mask), or to
+//! `p + 1 - w ..= p` with a sliding window `w` (Gemma 3's local layers; the
+//! blocks before the window stay allocated, they are only masked). Query
+//! head `h` reads KV head `h / (num_heads / num_kv_heads)` (GQA).
 //!
 //! Work is split over (sequence, query head, chunk of `QUERY_CHUNK` query
 //! tokens) tasks on rayon; each task writes a disjoint part of the output.
@@ -93,6 +95,25 @@ impl OutPtr {
     }
 }
 
+/// Per-layer attention settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnParams {
+    /// Multiplies `q . k` (usually `head_dim ^ -0.5`).
+    pub scale: f32,
+    /// Sliding window: a query at `p` sees keys `p + 1 - w ..= p`; `None` = all.
+    pub window: Option<usize>,
+}
+
+impl AttnParams {
+    /// Full causal attention scaled by `head_dim ^ -0.5`.
+    pub fn causal(head_dim: usize) -> Self {
+        Self {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+        }
+    }
+}
+
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -104,6 +125,7 @@ thread_local! {
 /// `[tokens, num_heads * head_dim]`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
+    params: AttnParams,
     q: &[f32],
     q_stride: usize,
     layer: &LayerKv,
@@ -124,6 +146,7 @@ pub fn paged_attention(
         SCORES.with(|cell| {
             let mut scores = cell.borrow_mut();
             attend_task(
+                params,
                 q,
                 q_stride,
                 layer,
@@ -141,6 +164,7 @@ pub fn paged_attention(
 
 #[allow(clippy::too_many_arguments)]
 fn attend_task(
+    params: AttnParams,
     q: &[f32],
     q_stride: usize,
     layer: &LayerKv,
@@ -156,21 +180,22 @@ fn attend_task(
     let bs = geom.block_size;
     let te = geom.token_elems();
     let kv_head = task.head / (num_heads / geom.num_kv_heads);
-    let scale = 1.0 / (hd as f32).sqrt();
     let past = span.context_len - span.query_len;
+    let keys = KeyWalk {
+        table: &span.block_table,
+        bs,
+        te,
+        head_off: kv_head * hd,
+    };
     for i in task.q_begin..task.q_end {
         let row = task.first_row + i;
         let n_keys = past + i + 1;
+        let first = params.window.map_or(0, |w| n_keys.saturating_sub(w));
         let qv = &q[row * q_stride + task.head * hd..][..hd];
         scores.clear();
-        scores.resize(n_keys, 0.0);
-        for (bi, chunk) in scores.chunks_mut(bs).enumerate() {
-            let base = span.block_table[bi].0 as usize * bs * te + kv_head * hd;
-            for (off, s) in chunk.iter_mut().enumerate() {
-                let k = &layer.k[base + off * te..][..hd];
-                *s = dot(qv, k) * scale;
-            }
-        }
+        keys.each(first, n_keys, |_, at| {
+            scores.push(dot(qv, &layer.k[at..][..hd]) * params.scale);
+        });
         softmax_in_place(scores);
         // SAFETY: (row, task.head) is owned by this task alone (tasks are
         // disjoint in (sequence row, head)); the range lies inside `out`
@@ -180,11 +205,36 @@ fn attend_task(
             std::slice::from_raw_parts_mut(out_ptr.get().add(row * out_stride + task.head * hd), hd)
         };
         o.fill(0.0);
-        for (bi, chunk) in scores.chunks(bs).enumerate() {
-            let base = span.block_table[bi].0 as usize * bs * te + kv_head * hd;
-            for (off, &p) in chunk.iter().enumerate() {
-                axpy(p, &layer.v[base + off * te..][..hd], o);
+        keys.each(first, n_keys, |j, at| {
+            axpy(scores[j - first], &layer.v[at..][..hd], o);
+        });
+    }
+}
+
+/// Walks the pool addresses of one KV head's keys (or values) through a
+/// block table, block by block (no division per key).
+struct KeyWalk<'a> {
+    table: &'a [crate::kv::BlockId],
+    bs: usize,
+    te: usize,
+    /// Offset of the KV head inside a token's slot.
+    head_off: usize,
+}
+
+impl KeyWalk<'_> {
+    /// Calls `f(j, address)` for positions `first..end`, in order.
+    fn each(&self, first: usize, end: usize, mut f: impl FnMut(usize, usize)) {
+        let mut j = first;
+        let mut b = first / self.bs.max(1);
+        while j < end {
+            let start = b * self.bs;
+            let base = self.table[b].0 as usize * self.bs * self.te + self.head_off;
+            let stop = (start + self.bs).min(end);
+            for jj in j..stop {
+                f(jj, base + (jj - start) * self.te);
             }
+            j = stop;
+            b += 1;
         }
     }
 }

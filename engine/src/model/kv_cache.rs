@@ -12,50 +12,8 @@
 
 use crate::executor::ExecError;
 use crate::kv::BlockId;
-use model_loader::ModelConfig;
 
-/// Shape of a pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvGeometry {
-    pub num_layers: usize,
-    pub num_blocks: usize,
-    pub block_size: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-}
-
-impl KvGeometry {
-    /// The geometry for `config` with the given pool size.
-    pub fn for_model(config: &ModelConfig, num_blocks: usize, block_size: usize) -> Self {
-        Self {
-            num_layers: config.num_hidden_layers,
-            num_blocks,
-            block_size,
-            num_kv_heads: config.num_key_value_heads,
-            head_dim: config.head_dim,
-        }
-    }
-
-    /// f32 elements of one token's K (or V) in one layer.
-    pub fn token_elems(&self) -> usize {
-        self.num_kv_heads * self.head_dim
-    }
-
-    /// f32 elements of one block's K (or V) in one layer.
-    pub fn block_elems(&self) -> usize {
-        self.block_size * self.token_elems()
-    }
-
-    /// Bytes one block takes across all layers, K and V.
-    pub fn bytes_per_block(&self) -> usize {
-        2 * self.num_layers * self.block_elems() * std::mem::size_of::<f32>()
-    }
-
-    /// Total slots in the pool.
-    pub fn num_slots(&self) -> usize {
-        self.num_blocks * self.block_size
-    }
-}
+pub use crate::executor::types::KvGeometry;
 
 /// K and V of one layer, each `[num_blocks, block_size, num_kv_heads, head_dim]`.
 #[derive(Debug, Clone)]

@@ -1,4 +1,10 @@
-//! The Llama-family decoder (Llama, Mistral, Qwen2) on the CPU.
+//! The Llama-family decoder (Llama, Mistral, Qwen2, Gemma 3) on the CPU.
+//!
+//! Gemma 3 takes the same path with its branches: embedding scaled by
+//! `sqrt(hidden)`, RMSNorm of each q/k head before rotary, local
+//! (sliding-window, own rotary base) and global layers, the attention and
+//! MLP outputs RMS-normed before their residual adds, GELU-tanh instead of
+//! SiLU, scores scaled by `query_pre_attn_scalar ^ -0.5`.
 //!
 //! Weights are converted once at construction: q/k/v projections fused into
 //! one `[q + 2 kv, hidden]` matrix (biases concatenated, Qwen2), gate and up
@@ -10,17 +16,17 @@
 //! applied only to `batch.logits_rows`. Scratch activations are allocated
 //! once per call and reused by every layer.
 
-use super::attention::{paged_attention, plan, write_kv};
+use super::attention::{paged_attention, plan, write_kv, AttnParams};
 use super::batch::validate;
 use super::kv_cache::{KvCache, KvGeometry};
 use std::borrow::Cow;
 
 use super::linear::{Linear, LinearWeight};
-use super::ops::{embed, rms_norm, silu_mul, RopeTables};
+use super::ops::{embed, gelu_tanh_mul, rms_norm, rms_norm_in_place, silu_mul, RopeTables};
 use super::quant::QMatrix;
 use super::ModelError;
 use crate::executor::{ExecError, ForwardBatch, Logits};
-use model_loader::{ModelConfig, ModelWeights, Tensor, Weight};
+use model_loader::{Architecture, GemmaNorms, ModelConfig, ModelWeights, Tensor, Weight};
 
 #[derive(Clone)]
 struct Layer {
@@ -30,6 +36,31 @@ struct Layer {
     ffn_norm: Vec<f32>,
     gate_up: Linear,
     down: Linear,
+    /// Gemma 3's extra norms.
+    gemma: Option<GemmaLayer>,
+    attn: AttnParams,
+    /// Rotary from the local tables (Gemma 3's sliding-window layers).
+    local_rope: bool,
+}
+
+#[derive(Clone)]
+struct GemmaLayer {
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    post_attn_norm: Vec<f32>,
+    post_ffn_norm: Vec<f32>,
+}
+
+impl GemmaLayer {
+    fn new(g: GemmaNorms, i: usize, h: usize, hd: usize) -> Result<Self, ModelError> {
+        let n = |s: &str| format!("layers.{i}.{s}");
+        Ok(Self {
+            q_norm: take(g.q_norm, &n("q_norm"), &[hd])?,
+            k_norm: take(g.k_norm, &n("k_norm"), &[hd])?,
+            post_attn_norm: take(g.post_attn_norm, &n("post_attn_norm"), &[h])?,
+            post_ffn_norm: take(g.post_ffn_norm, &n("post_ffn_norm"), &[h])?,
+        })
+    }
 }
 
 /// One decoder layer's weights as [`LlamaModel`] keeps them: row-major
@@ -69,6 +100,10 @@ pub struct LlamaModel {
     /// `None` when tied to the embedding.
     lm_head: Option<Linear>,
     rope: RopeTables,
+    /// Gemma 3's local-layer rotary tables.
+    rope_local: Option<RopeTables>,
+    /// Multiplies the embedding rows (Gemma: `sqrt(hidden)`).
+    embed_scale: Option<f32>,
 }
 
 /// An f32 view of a layer (empty when quantized).
@@ -154,8 +189,29 @@ impl LlamaModel {
                 c.num_hidden_layers
             )));
         }
+        let gemma = match c.architecture {
+            Architecture::Gemma3(g) => Some(g),
+            _ => None,
+        };
         let mut layers = Vec::with_capacity(weights.layers.len());
         for (i, lw) in weights.layers.into_iter().enumerate() {
+            let extra = match (gemma, lw.gemma) {
+                (Some(_), Some(g)) => Some(GemmaLayer::new(g, i, h, hd)?),
+                (None, None) => None,
+                _ => {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "layers.{i}: Gemma norms present without the gemma3 architecture or missing with it"
+                    )))
+                }
+            };
+            let local = gemma.is_some_and(|g| g.is_local(i));
+            let attn = match gemma {
+                Some(g) => AttnParams {
+                    scale: 1.0 / g.query_pre_attn_scalar.sqrt(),
+                    window: local.then_some(g.sliding_window),
+                },
+                None => AttnParams::causal(hd),
+            };
             let n = |s: &str| format!("layers.{i}.{s}");
             let bias = match (lw.bq, lw.bk, lw.bv) {
                 (None, None, None) => None,
@@ -190,6 +246,9 @@ impl LlamaModel {
                     inter,
                     None,
                 ),
+                gemma: extra,
+                attn,
+                local_rope: local,
             });
         }
         let vh = [c.vocab_size, h];
@@ -204,6 +263,9 @@ impl LlamaModel {
         };
         let final_norm = take(weights.final_norm, "final_norm", &[h])?;
         let rope = RopeTables::new(hd, c.rope_theta, c.rope_scaling, c.max_position_embeddings);
+        let rope_local =
+            gemma.map(|g| RopeTables::new(hd, g.rope_local_theta, None, c.max_position_embeddings));
+        let embed_scale = gemma.map(|_| (h as f32).sqrt());
         Ok(Self {
             config,
             embedding,
@@ -211,6 +273,8 @@ impl LlamaModel {
             final_norm,
             lm_head,
             rope,
+            rope_local,
+            embed_scale,
         })
     }
 
@@ -316,7 +380,16 @@ impl LlamaModel {
 
         let mut x = vec![0.0f32; n * h];
         self.embed(&batch.token_ids, &mut x);
+        if let Some(scale) = self.embed_scale {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
         let mut hbuf = vec![0.0f32; n * h];
+        // Gemma's un-normed branch output before its post-norm.
+        let mut branch = if self.embed_scale.is_some() {
+            vec![0.0f32; n * h]
+        } else {
+            Vec::new()
+        };
         let mut qkv = vec![0.0f32; n * qkv_dim];
         let mut attn = vec![0.0f32; n * qd];
         let mut gu = vec![0.0f32; n * 2 * inter];
@@ -326,22 +399,29 @@ impl LlamaModel {
         for (li, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.attn_norm, c.rms_norm_eps, &mut hbuf);
             layer.qkv.forward(&hbuf, n, &mut qkv, false);
+            let rope = match (&self.rope_local, layer.local_rope) {
+                (Some(local), true) => local,
+                _ => &self.rope,
+            };
             for (row, &pos) in qkv.chunks_exact_mut(qkv_dim).zip(&batch.positions) {
                 let (q, rest) = row.split_at_mut(qd);
-                self.rope.apply(q, pos);
-                self.rope.apply(&mut rest[..kvd], pos);
+                if let Some(g) = &layer.gemma {
+                    rms_norm_in_place(q, &g.q_norm, c.rms_norm_eps);
+                    rms_norm_in_place(&mut rest[..kvd], &g.k_norm, c.rms_norm_eps);
+                }
+                rope.apply(q, pos);
+                rope.apply(&mut rest[..kvd], pos);
             }
-            if n > 0 {
-                write_kv(
-                    cache.layer_mut(li),
-                    &qkv[qd..],
-                    &qkv[qd + kvd..],
-                    qkv_dim,
-                    &batch.slot_mapping,
-                    kvd,
-                );
-            }
+            write_kv(
+                cache.layer_mut(li),
+                &qkv[qd..],
+                &qkv[qd + kvd..],
+                qkv_dim,
+                &batch.slot_mapping,
+                kvd,
+            );
             paged_attention(
+                layer.attn,
                 &qkv,
                 qkv_dim,
                 cache.layer(li),
@@ -351,11 +431,32 @@ impl LlamaModel {
                 nh,
                 &mut attn,
             );
-            layer.o.forward(&attn, n, &mut x, true);
+            match &layer.gemma {
+                None => layer.o.forward(&attn, n, &mut x, true),
+                Some(g) => {
+                    layer.o.forward(&attn, n, &mut branch, false);
+                    add_normed(
+                        &branch,
+                        &g.post_attn_norm,
+                        c.rms_norm_eps,
+                        &mut hbuf,
+                        &mut x,
+                    );
+                }
+            }
             rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps, &mut hbuf);
             layer.gate_up.forward(&hbuf, n, &mut gu, false);
-            silu_mul(&gu, inter, &mut act);
-            layer.down.forward(&act, n, &mut x, true);
+            match &layer.gemma {
+                None => {
+                    silu_mul(&gu, inter, &mut act);
+                    layer.down.forward(&act, n, &mut x, true);
+                }
+                Some(g) => {
+                    gelu_tanh_mul(&gu, inter, &mut act);
+                    layer.down.forward(&act, n, &mut branch, false);
+                    add_normed(&branch, &g.post_ffn_norm, c.rms_norm_eps, &mut hbuf, &mut x);
+                }
+            }
         }
 
         let rows = batch.logits_rows.len();
@@ -395,4 +496,10 @@ impl LlamaModel {
             }
         }
     }
+}
+
+/// `x += rms_norm(branch) * weight` (Gemma's post-norms), `tmp` as scratch.
+fn add_normed(branch: &[f32], weight: &[f32], eps: f32, tmp: &mut [f32], x: &mut [f32]) {
+    rms_norm(branch, weight, eps, tmp);
+    x.iter_mut().zip(tmp.iter()).for_each(|(a, b)| *a += b);
 }

@@ -1,17 +1,18 @@
-//! The Llama-family forward pass on the CPU.
+//! The Llama-family forward pass on the CPU (Llama, Mistral, Qwen2, Gemma 3).
 //!
-//! - [`ops`]: RMSNorm, rotary embedding (rotate-half, Llama-3 scaling),
-//!   SiLU-and-mul, embedding gather, softmax; written once for all variants.
+//! - [`ops`]: RMSNorm (also per head, in place), rotary embedding
+//!   (rotate-half, Llama-3 scaling), SiLU-and-mul, GELU-tanh-and-mul,
+//!   embedding gather, softmax; written once for all variants.
 //! - [`linear`]: `y = x W^T + b` on the `gemm` crate, both cores busy.
 //! - [`kv_cache`]: the paged KV pool, layout
 //!   `[num_blocks, block_size, num_kv_heads, head_dim]` per layer, K and V.
 //! - [`attention`]: K/V writes through the slot mapping, causal GQA attention
-//!   through block tables.
+//!   through block tables, with an optional sliding window (masking only).
 //! - [`batch`]: validation of a `ForwardBatch` (typed errors, no panics).
-//! - [`llama`]: [`LlamaModel`], the decoder (Llama, Mistral, Qwen2).
+//! - [`llama`]: [`LlamaModel`], the decoder (Llama, Mistral, Qwen2, Gemma 3).
 //!
-//! Mistral's sliding window is not applied (full causal attention), which is
-//! exact for contexts up to the window.
+//! Gemma 3's sliding window is applied on its local layers; Mistral's is not
+//! (full causal attention), which is exact for contexts up to the window.
 
 pub mod attention;
 pub mod batch;

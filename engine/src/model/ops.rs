@@ -72,6 +72,38 @@ pub fn silu_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
     }
 }
 
+/// RMSNorm in place over consecutive groups of `weight.len()` values (each
+/// head of a `[heads * head_dim]` row with a `[head_dim]` weight: Gemma 3's
+/// q/k norms).
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let h = weight.len();
+    for row in x.chunks_exact_mut(h) {
+        let ms = dot(row, row) / h as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v *= inv * w;
+        }
+    }
+}
+
+/// GELU (tanh approximation, PyTorch's `gelu(approximate="tanh")`) of the
+/// gate times the up projection, row by row: `gate_up` is
+/// `[tokens, 2 * inter]` (gate first), `out` is `[tokens, inter]` (Gemma).
+pub fn gelu_tanh_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
+    debug_assert_eq!(gate_up.len(), out.len() * 2);
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (row, orow) in gate_up
+        .chunks_exact(2 * inter)
+        .zip(out.chunks_exact_mut(inter))
+    {
+        let (gate, up) = row.split_at(inter);
+        for ((o, &g), u) in orow.iter_mut().zip(gate).zip(up) {
+            let t = (SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g)).tanh();
+            *o = 0.5 * g * (1.0 + t) * u;
+        }
+    }
+}
+
 /// Copies embedding rows `table[id]` (`hidden` wide) into consecutive rows of
 /// `out`. The caller has checked every id against the vocabulary.
 pub fn embed(table: &[f32], hidden: usize, ids: &[u32], out: &mut [f32]) {

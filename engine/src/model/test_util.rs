@@ -64,6 +64,7 @@ pub fn random_weights(c: &ModelConfig, seed: u64) -> ModelWeights {
             w_gate: rand_tensor(&mut rng, &[i, h], s, 0.0),
             w_up: rand_tensor(&mut rng, &[i, h], s, 0.0),
             w_down: rand_tensor(&mut rng, &[h, i], 1.0 / (i as f32).sqrt(), 0.0),
+            gemma: None,
         })
         .collect();
     ModelWeights {

@@ -1,8 +1,11 @@
 //! Each op against a plain, obviously-correct reference.
 
-use super::attention::{paged_attention, plan, write_kv};
+use super::attention::{paged_attention, plan, write_kv, AttnParams};
 use super::kv_cache::{KvCache, KvGeometry};
-use super::ops::{dot, rms_norm, rope_inv_freq, silu_mul, softmax_in_place, RopeTables};
+use super::ops::{
+    dot, gelu_tanh_mul, rms_norm, rms_norm_in_place, rope_inv_freq, silu_mul, softmax_in_place,
+    RopeTables,
+};
 use super::test_util::rand_vec;
 use crate::executor::SeqSpan;
 use crate::kv::BlockId;
@@ -150,8 +153,11 @@ fn rope_apply_is_rotate_half() {
 
 /// Contiguous, naive causal GQA attention for one sequence:
 /// k, v are `[ctx, kv_heads, hd]`, q is `[qlen, heads, hd]` at positions ctx-qlen...
+/// With `window = Some(w)`, key `j` is masked for a query at `p` when `p - j >= w`.
 #[allow(clippy::too_many_arguments)]
 fn naive_attention(
+    window: Option<usize>,
+    scale: f64,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -167,6 +173,7 @@ fn naive_attention(
         for h in 0..heads {
             let g = h / (heads / kvh);
             let qv = &q[(i * heads + h) * hd..][..hd];
+            let visible = |j: usize| window.is_none_or(|w| p - j < w);
             let s: Vec<f64> = (0..=p)
                 .map(|j| {
                     let kv = &k[(j * kvh + g) * hd..][..hd];
@@ -174,11 +181,15 @@ fn naive_attention(
                         .zip(kv)
                         .map(|(a, b)| *a as f64 * *b as f64)
                         .sum::<f64>()
-                        / (hd as f64).sqrt()
+                        * scale
                 })
                 .collect();
             let m = s.iter().cloned().fold(f64::MIN, f64::max);
-            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let e: Vec<f64> = s
+                .iter()
+                .enumerate()
+                .map(|(j, x)| if visible(j) { (x - m).exp() } else { 0.0 })
+                .collect();
             let z: f64 = e.iter().sum();
             for d in 0..hd {
                 let acc: f64 = (0..=p)
@@ -194,6 +205,15 @@ fn naive_attention(
 /// Sequences given as (query_len, context_len); block tables drawn from a
 /// shuffled pool; all K/V written through the slot mapping.
 fn check_paged_attention(shapes: &[(usize, usize)], block_size: usize, seed: u64) {
+    check_paged_attention_with(shapes, block_size, seed, AttnParams::causal(16));
+}
+
+fn check_paged_attention_with(
+    shapes: &[(usize, usize)],
+    block_size: usize,
+    seed: u64,
+    params: AttnParams,
+) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (heads, kvh, hd) = (6, 2, 16);
     let te = kvh * hd;
@@ -223,7 +243,18 @@ fn check_paged_attention(shapes: &[(usize, usize)], block_size: usize, seed: u64
             .collect();
         write_kv(cache.layer_mut(0), &k, &v, te, &slots, te);
         let q = rand_vec(&mut rng, qlen * heads * hd);
-        want.extend(naive_attention(&q, &k, &v, qlen, ctx, heads, kvh, hd));
+        want.extend(naive_attention(
+            params.window,
+            params.scale as f64,
+            &q,
+            &k,
+            &v,
+            qlen,
+            ctx,
+            heads,
+            kvh,
+            hd,
+        ));
         q_all.extend(q);
         seqs.push(SeqSpan {
             query_len: qlen,
@@ -235,6 +266,7 @@ fn check_paged_attention(shapes: &[(usize, usize)], block_size: usize, seed: u64
     let mut out = vec![f32::NAN; rows * heads * hd];
     let tasks = plan(&seqs, heads);
     paged_attention(
+        params,
         &q_all,
         heads * hd,
         cache.layer(0),
@@ -259,4 +291,65 @@ fn paged_attention_at_block_boundaries() {
     // Context exactly a whole number of blocks, and one past it.
     check_paged_attention(&[(1, 16), (16, 16), (1, 17), (2, 32)], 16, 12);
     check_paged_attention(&[(1, 1), (4, 8)], 1, 13);
+}
+
+#[test]
+fn sliding_window_attention_equals_masked_naive() {
+    // Windows smaller than, equal to and larger than the contexts, across
+    // block boundaries, for prefill, chunked prefill and decode rows.
+    for (w, seed) in [(1, 20), (3, 21), (5, 22), (8, 23), (64, 24)] {
+        let params = AttnParams {
+            scale: 0.37,
+            window: Some(w),
+        };
+        check_paged_attention_with(
+            &[(5, 5), (1, 23), (7, 40), (1, 1), (20, 20)],
+            4,
+            seed,
+            params,
+        );
+    }
+}
+
+#[test]
+fn gelu_tanh_matches_pytorch() {
+    // torch.nn.functional.gelu(x, approximate="tanh") in float64.
+    let xs = [-3.0f32, -1.0, -0.5, 0.0, 0.3, 1.0, 2.0, 5.0];
+    let want = [
+        -0.003_637_392,
+        -0.158_808,
+        -0.154_286,
+        0.0,
+        0.185_370_92,
+        0.841_192,
+        1.954_597_7,
+        5.0,
+    ];
+    // gate = x, up = 2: out = 2 gelu(x).
+    let gate_up: Vec<f32> = xs.iter().copied().chain([2.0; 8]).collect();
+    let mut out = [0.0f32; 8];
+    gelu_tanh_mul(&gate_up, 8, &mut out);
+    let want2: Vec<f32> = want.iter().map(|w| 2.0 * w).collect();
+    close(&out, &want2, 1e-6);
+}
+
+#[test]
+fn rms_norm_in_place_normalizes_each_head() {
+    let mut rng = ChaCha8Rng::seed_from_u64(30);
+    let (heads, hd) = (3, 8);
+    let x = rand_vec(&mut rng, heads * hd);
+    let w = rand_vec(&mut rng, hd);
+    let mut got = x.clone();
+    rms_norm_in_place(&mut got, &w, 1e-6);
+    let mut want = Vec::new();
+    for head in x.chunks(hd) {
+        let ms: f64 = head.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / hd as f64;
+        let inv = 1.0 / (ms + 1e-6).sqrt();
+        want.extend(
+            head.iter()
+                .zip(&w)
+                .map(|(v, w)| (*v as f64 * inv * *w as f64) as f32),
+        );
+    }
+    close(&got, &want, 1e-5);
 }

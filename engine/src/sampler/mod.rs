@@ -13,7 +13,7 @@ pub mod ops;
 pub mod params;
 pub mod prompt;
 
-pub use ops::{sample_row, top_logprobs, uniform, SampleOut, SeqContext};
+pub use ops::{greedy_on_device, sample_row, top_logprobs, uniform, SampleOut, SeqContext};
 pub use params::{SamplingParams, MAX_LOGPROBS};
 pub use prompt::{prompt_logprob, PromptLogprob};
 

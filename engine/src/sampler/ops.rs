@@ -63,6 +63,18 @@ pub fn uniform(seed: u64, seq_index: usize, step: usize) -> f64 {
 }
 
 /// Draws one token for `ctx` from `row`.
+/// True when [`sample_row`] takes its plain greedy path and returns nothing
+/// but the token and its logprob (no penalties, no top logprobs, no stop-id
+/// suppression before `min_tokens`): then an executor's on-device argmax
+/// (`Executor::execute_greedy`) gives the same answer. Keep in step with
+/// `sample_row` when a new parameter changes the logits.
+pub fn greedy_on_device(p: &SamplingParams, output_len: usize) -> bool {
+    p.is_greedy()
+        && !p.has_penalties()
+        && p.logprobs.unwrap_or(0) == 0
+        && output_len >= p.min_tokens
+}
+
 pub fn sample_row(row: &[f32], ctx: &SeqContext<'_>) -> SampleOut {
     let p = ctx.params;
     let max = max_ignoring_nan(row);

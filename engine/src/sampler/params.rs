@@ -1,11 +1,19 @@
 //! Sampling parameters (OpenAI / vLLM names and semantics) and their
 //! validation.
 //!
+//! This is the one declaration and the one range check of every sampling
+//! parameter: the server parses JSON into these types and calls
+//! [`SamplingParams::validate`], whose [`EngineError::InvalidParam`] names
+//! the parameter for the HTTP 400's `param`.
+//!
 //! Invariant: a [`SamplingParams`] that passed [`SamplingParams::validate`]
-//! never makes the sampler panic or divide by zero: temperature is finite and
-//! non-negative, `top_p` in (0, 1], `min_p` in [0, 1], `top_k >= 1`,
-//! `repetition_penalty > 0`, `best_of >= n >= 1`, `logprobs <= 20`,
-//! `prompt_logprobs <= 20`.
+//! never makes the sampler panic or divide by zero: temperature in [0, 2]
+//! (OpenAI's range), `top_p` in (0, 1], `min_p` in [0, 1], `top_k >= 1`,
+//! `repetition_penalty` in (0, 2], penalties in [-2, 2], `best_of >= n >= 1`
+//! (at most 128), `logprobs <= 20`, `prompt_logprobs <= 20`, every
+//! `logit_bias` value in [-100, 100] and finite, `length_penalty` finite.
+//! Token ids (`logit_bias` keys) are checked against the vocabulary by the
+//! caller, which knows it.
 
 use crate::error::EngineError;
 
@@ -53,6 +61,12 @@ pub struct SamplingParams {
     pub length_penalty: f32,
     /// Beam search stops as soon as `width` hypotheses are finished.
     pub early_stopping: bool,
+    /// OpenAI's `logit_bias`: `(token id, bias)` added to the logits before
+    /// the draw (the reported logprobs include it). Empty: none.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// A compiled grammar the output must follow (JSON schema, regex,
+    /// choice, Lark): see [`crate::grammar`]. `None`: free output.
+    pub structured: Option<crate::grammar::CompiledGrammar>,
 }
 
 impl Default for SamplingParams {
@@ -74,9 +88,14 @@ impl Default for SamplingParams {
             use_beam_search: false,
             length_penalty: 1.0,
             early_stopping: false,
+            logit_bias: Vec::new(),
+            structured: None,
         }
     }
 }
+
+/// Most distinct tokens in one `logit_bias` (OpenAI accepts 300).
+pub const MAX_LOGIT_BIAS: usize = 300;
 
 fn invalid(param: &'static str, reason: impl Into<String>) -> EngineError {
     EngineError::InvalidParam {
@@ -120,51 +139,102 @@ impl SamplingParams {
         if self.use_beam_search && !self.is_greedy() {
             return Err(invalid("temperature", "must be 0 with beam search"));
         }
+        if self.use_beam_search && self.structured.is_some() {
+            return Err(invalid(
+                "structured_outputs",
+                "structured outputs are not supported with beam search",
+            ));
+        }
+        if self.structured.is_some() && self.min_tokens > 0 {
+            // The grammar may be complete (EOS the only allowed token)
+            // before min_tokens: nothing could be drawn.
+            return Err(invalid(
+                "min_tokens",
+                "min_tokens cannot be combined with a structured output constraint",
+            ));
+        }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(invalid(
+                "logit_bias",
+                format!("at most {MAX_LOGIT_BIAS} tokens"),
+            ));
+        }
+        if let Some((t, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return Err(invalid(
+                "logit_bias",
+                format!("bias {b} of token {t} must be in [-100, 100]"),
+            ));
+        }
         Ok(())
     }
 
     fn validate_counts(&self, max_tokens: Option<usize>) -> Result<(), EngineError> {
         if self.n == 0 || self.n > MAX_GROUP_WIDTH {
-            return Err(invalid("n", format!("must be in 1..={MAX_GROUP_WIDTH}")));
+            return Err(invalid(
+                "n",
+                format!("must be in [1, {MAX_GROUP_WIDTH}], got {}", self.n),
+            ));
         }
         if let Some(b) = self.best_of {
             if b < self.n || b > MAX_GROUP_WIDTH {
                 return Err(invalid(
                     "best_of",
-                    format!("must be in n..={MAX_GROUP_WIDTH}"),
+                    format!(
+                        "must be >= n ({}) and <= {MAX_GROUP_WIDTH}, got {b}",
+                        self.n
+                    ),
                 ));
             }
         }
         if self.logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
             return Err(invalid(
                 "logprobs",
-                format!("must be at most {MAX_LOGPROBS}"),
+                format!("must be in [0, {MAX_LOGPROBS}]"),
             ));
         }
         if self.prompt_logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
             return Err(invalid(
                 "prompt_logprobs",
-                format!("must be at most {MAX_LOGPROBS}"),
+                format!("must be in [0, {MAX_LOGPROBS}]"),
             ));
         }
-        if max_tokens.is_some_and(|m| self.min_tokens > m) {
-            return Err(invalid("min_tokens", "must not exceed max_tokens"));
+        if let Some(m) = max_tokens.filter(|&m| self.min_tokens > m) {
+            return Err(invalid(
+                "min_tokens",
+                format!(
+                    "min_tokens ({}) must be <= max_tokens ({m})",
+                    self.min_tokens
+                ),
+            ));
         }
         Ok(())
     }
 
     fn validate_distribution(&self) -> Result<(), EngineError> {
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(invalid("temperature", "must be finite and >= 0"));
+        if !(0.0..=2.0).contains(&self.temperature) {
+            return Err(invalid(
+                "temperature",
+                format!("must be in [0, 2], got {}", self.temperature),
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(invalid("top_p", "must be in (0, 1]"));
+            return Err(invalid(
+                "top_p",
+                format!("must be in (0, 1], got {}", self.top_p),
+            ));
         }
         if self.top_k == Some(0) {
             return Err(invalid("top_k", "must be at least 1"));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(invalid("min_p", "must be in [0, 1]"));
+            return Err(invalid(
+                "min_p",
+                format!("must be in [0, 1], got {}", self.min_p),
+            ));
         }
         Ok(())
     }
@@ -175,11 +245,15 @@ impl SamplingParams {
             ("frequency_penalty", self.frequency_penalty),
         ] {
             if !(-2.0..=2.0).contains(&v) {
-                return Err(invalid(name, "must be in [-2, 2]"));
+                return Err(invalid(name, format!("must be in [-2, 2], got {v}")));
             }
         }
-        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return Err(invalid("repetition_penalty", "must be finite and > 0"));
+        let r = self.repetition_penalty;
+        if !(r > 0.0 && r <= 2.0) {
+            return Err(invalid(
+                "repetition_penalty",
+                format!("must be in (0, 2], got {r}"),
+            ));
         }
         Ok(())
     }
@@ -304,6 +378,41 @@ mod tests {
                     ..d()
                 },
                 "temperature",
+            ),
+            (
+                SamplingParams {
+                    temperature: 2.5,
+                    ..d()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    repetition_penalty: 2.5,
+                    ..d()
+                },
+                "repetition_penalty",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(5, 100.5)],
+                    ..d()
+                },
+                "logit_bias",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(5, f32::NAN)],
+                    ..d()
+                },
+                "logit_bias",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: (0..301).map(|t| (t, 1.0)).collect(),
+                    ..d()
+                },
+                "logit_bias",
             ),
         ];
         for (p, name) in cases {

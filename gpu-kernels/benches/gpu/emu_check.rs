@@ -4,7 +4,8 @@
 //! contexts up to 96, split-K partition 32): a few seconds of emulation.
 
 use crate::problem::{check_close, poisoned, BenchRng, DecodeProblem, DecodeShape, D};
-use gpu_kernels::attention::{paged_attention_v1, paged_attention_v2, paged_attention_v2_reduce};
+use gpu_kernels::attention::paged_attention_v2_reduce;
+use gpu_kernels::decode::{paged_attention_v1, paged_attention_v2};
 use gpu_kernels::device::emu::launch;
 use gpu_kernels::launch as geom;
 use half::bf16;
@@ -36,12 +37,12 @@ pub fn run(r: &mut BenchRng) -> Result<(), String> {
 
     let mut out = poisoned(p.q.len());
     let o = out.as_mut_ptr();
-    let cfg = geom::paged_attention_v1(seqs, heads, max_ctx, THREADS);
+    let cfg = geom::decode_v1(seqs, heads, kv_heads, D as u32, THREADS);
     // SAFETY: every buffer is sized for this shape (DecodeProblem's invariants) and
     // outlives the launch, which joins its threads before returning.
     unsafe {
         launch(cfg, || {
-            paged_attention_v1::<bf16, D>(o, qp, kp, vp, bt, cl, kv_heads, p.scale, bs, mb)
+            paged_attention_v1::<bf16, D>(o, qp, kp, vp, bt, cl, heads, kv_heads, p.scale, bs, mb)
         })
     };
     check_close("emulator v1", r.seed, &out, &want)?;
@@ -60,13 +61,13 @@ pub fn run(r: &mut BenchRng) -> Result<(), String> {
         es.as_mut_ptr(),
         out2.as_mut_ptr(),
     );
-    let cfg = geom::paged_attention_v2(seqs, heads, max_ctx, PARTITION, THREADS);
+    let cfg = geom::decode_v2(seqs, heads, kv_heads, D as u32, max_ctx, PARTITION, THREADS);
     let cfg_r = geom::paged_attention_v2_reduce(seqs, heads, THREADS);
     // SAFETY: as above; the reduce reads only the partitions the first launch wrote.
     unsafe {
         launch(cfg, || {
             paged_attention_v2::<bf16, D>(
-                tp, mp, ep, qp, kp, vp, bt, cl, kv_heads, p.scale, bs, mb, PARTITION,
+                tp, mp, ep, qp, kp, vp, bt, cl, heads, kv_heads, p.scale, bs, mb, PARTITION,
             )
         });
         launch(cfg_r, || {

@@ -26,7 +26,7 @@ const EPS: f32 = 1e-6;
 /// Hidden size of the RMSNorm figures (Llama-70B).
 const HIDDEN: usize = 8192;
 
-/// The attention entry points, loaded once.
+/// The decode attention entry points of one head size.
 struct AttnKernels {
     v1: Kernel,
     v2: Kernel,
@@ -34,16 +34,24 @@ struct AttnKernels {
 }
 
 impl AttnKernels {
-    fn load(gpu: &Gpu) -> Result<Self, GpuError> {
+    fn load(gpu: &Gpu, d: usize) -> Result<Self, GpuError> {
         Ok(Self {
-            v1: gpu.kernel("paged_attention_v1_bf16_h128")?,
-            v2: gpu.kernel("paged_attention_v2_bf16_h128")?,
-            reduce: gpu.kernel("paged_attention_v2_reduce_bf16_h128")?,
+            v1: gpu.kernel(&format!("paged_attention_v1_bf16_h{d}"))?,
+            v2: gpu.kernel(&format!("paged_attention_v2_bf16_h{d}"))?,
+            reduce: gpu.kernel(&format!("paged_attention_v2_reduce_bf16_h{d}"))?,
         })
     }
 }
 
-/// A [`DecodeProblem`] in device memory, with its output and split-K scratch.
+/// How a decode figure is launched.
+#[derive(Clone, Copy, Debug)]
+enum Decode {
+    V1,
+    V2 { partition: u32 },
+}
+
+/// A [`DecodeProblem`] in device memory, with its output and split-K scratch (sized for
+/// the smallest partition any launch uses).
 struct AttnDevice {
     shape: DecodeShape,
     scale: f32,
@@ -56,13 +64,13 @@ struct AttnDevice {
     tmp: CudaSlice<f32>,
     max_logits: CudaSlice<f32>,
     exp_sums: CudaSlice<f32>,
-    parts: u32,
 }
 
 impl AttnDevice {
-    fn upload(gpu: &Gpu, p: &DecodeProblem) -> Result<Self, GpuError> {
-        let parts = geom::num_partitions(p.shape.max_ctx(), PARTITION);
-        let slots = p.q.len() / D * parts as usize;
+    fn upload(gpu: &Gpu, p: &DecodeProblem, min_partition: u32) -> Result<Self, GpuError> {
+        let d = p.shape.d;
+        let parts = geom::num_partitions(p.shape.max_ctx(), min_partition);
+        let slots = p.q.len() / d * parts as usize;
         Ok(Self {
             shape: p.shape.clone(),
             scale: p.scale,
@@ -72,46 +80,74 @@ impl AttnDevice {
             tables: gpu.upload(&p.tables)?,
             ctx: gpu.upload(&p.shape.ctx)?,
             out: gpu.upload(&poisoned(p.q.len()))?,
-            tmp: gpu.upload(&vec![f32::NAN; slots * D])?,
+            tmp: gpu.upload(&vec![f32::NAN; slots * d])?,
             max_logits: gpu.upload(&vec![f32::NAN; slots])?,
             exp_sums: gpu.upload(&vec![f32::NAN; slots])?,
-            parts,
         })
     }
 
-    fn dims(&self) -> (u32, u32, u32) {
+    fn dims(&self) -> (u32, u32, u32, u32) {
         let s = &self.shape;
-        (s.ctx.len() as u32, s.heads as u32, s.max_ctx())
+        (
+            s.ctx.len() as u32,
+            s.heads as u32,
+            s.kv_heads as u32,
+            s.d as u32,
+        )
+    }
+
+    /// The planner's input for this batch on a device of `sm_count` SMs.
+    fn plan_shape(&self, sm_count: u32) -> geom::DecodeShape {
+        let s = &self.shape;
+        let (num_seqs, num_heads, num_kv_heads, head_dim) = self.dims();
+        geom::DecodeShape {
+            num_seqs,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            max_context_len: s.max_ctx(),
+            total_context_len: s.ctx.iter().map(|&c| u64::from(c)).sum(),
+            block_size: s.block_size as u32,
+            sm_count,
+            threads: geom::ATTN_THREADS,
+        }
     }
 
     /// The parameters shared by v1 and v2 after the outputs and `q`, in KERNELS order.
-    fn kv_args(&self, gpu: &Gpu) -> [(&'static str, Arg); 7] {
+    fn kv_args(&self, gpu: &Gpu) -> [(&'static str, Arg); 9] {
         let s = &self.shape;
         [
             ("k_cache", gpu.ptr(&self.k)),
             ("v_cache", gpu.ptr(&self.v)),
             ("block_tables", gpu.ptr(&self.tables)),
             ("context_lens", gpu.ptr(&self.ctx)),
+            ("num_heads", Arg::U32(s.heads as u32)),
             ("num_kv_heads", Arg::U32(s.kv_heads as u32)),
             ("scale", Arg::F32(self.scale)),
             ("block_size", Arg::U32(s.block_size as u32)),
+            ("max_blocks_per_seq", Arg::U32(s.max_blocks() as u32)),
         ]
     }
 
+    fn launch(&self, gpu: &Gpu, k: &AttnKernels, how: Decode) -> Result<(), GpuError> {
+        match how {
+            Decode::V1 => self.launch_v1(gpu, k),
+            Decode::V2 { partition } => self.launch_v2(gpu, k, partition),
+        }
+    }
+
     fn launch_v1(&self, gpu: &Gpu, k: &AttnKernels) -> Result<(), GpuError> {
-        let (seqs, heads, max_ctx) = self.dims();
+        let (seqs, heads, kvh, d) = self.dims();
         let mut args = vec![("out", gpu.ptr(&self.out)), ("q", gpu.ptr(&self.q))];
         args.extend(self.kv_args(gpu));
-        args.push((
-            "max_blocks_per_seq",
-            Arg::U32(self.shape.max_blocks() as u32),
-        ));
-        let cfg = geom::paged_attention_v1(seqs, heads, max_ctx, geom::ATTN_THREADS);
+        let cfg = geom::decode_v1(seqs, heads, kvh, d, geom::ATTN_THREADS);
         gpu.launch(&k.v1, cfg, &args)
     }
 
-    fn launch_v2(&self, gpu: &Gpu, k: &AttnKernels) -> Result<(), GpuError> {
-        let (seqs, heads, max_ctx) = self.dims();
+    fn launch_v2(&self, gpu: &Gpu, k: &AttnKernels, partition: u32) -> Result<(), GpuError> {
+        let (seqs, heads, kvh, d) = self.dims();
+        let max_ctx = self.shape.max_ctx();
+        let parts = geom::num_partitions(max_ctx, partition);
         let (tmp, ml, es) = (
             gpu.ptr(&self.tmp),
             gpu.ptr(&self.max_logits),
@@ -124,12 +160,9 @@ impl AttnDevice {
             ("q", gpu.ptr(&self.q)),
         ];
         args.extend(self.kv_args(gpu));
-        args.push((
-            "max_blocks_per_seq",
-            Arg::U32(self.shape.max_blocks() as u32),
-        ));
-        args.push(("partition_size", Arg::U32(PARTITION)));
-        let cfg = geom::paged_attention_v2(seqs, heads, max_ctx, PARTITION, geom::ATTN_THREADS);
+        args.push(("partition_size", Arg::U32(partition)));
+        let threads = geom::ATTN_THREADS;
+        let cfg = geom::decode_v2(seqs, heads, kvh, d, max_ctx, partition, threads);
         gpu.launch(&k.v2, cfg, &args)?;
         let args = [
             ("out", gpu.ptr(&self.out)),
@@ -137,10 +170,10 @@ impl AttnDevice {
             ("max_logits", ml),
             ("exp_sums", es),
             ("context_lens", gpu.ptr(&self.ctx)),
-            ("partition_size", Arg::U32(PARTITION)),
-            ("max_partitions", Arg::U32(self.parts)),
+            ("partition_size", Arg::U32(partition)),
+            ("max_partitions", Arg::U32(parts)),
         ];
-        let cfg = geom::paged_attention_v2_reduce(seqs, heads, geom::ATTN_THREADS);
+        let cfg = geom::paged_attention_v2_reduce(seqs, heads, threads);
         gpu.launch(&k.reduce, cfg, &args)
     }
 
@@ -154,15 +187,15 @@ impl AttnDevice {
 
 /// Validates v1, v2 (3 partitions), rms_norm and reshape_and_cache on small shapes.
 pub fn validate(gpu: &Gpu, r: &mut BenchRng) -> Result<(), GpuError> {
-    let k = AttnKernels::load(gpu)?;
+    let k = AttnKernels::load(gpu, D)?;
     let shape = DecodeShape::ragged(r, 64, 8, 3 * PARTITION as usize);
     let p = DecodeProblem::random(r, shape);
     let want = p.reference();
-    let mut dev = AttnDevice::upload(gpu, &p)?;
+    let mut dev = AttnDevice::upload(gpu, &p, PARTITION)?;
     dev.launch_v1(gpu, &k)?;
     check_close("gpu v1", r.seed, &gpu.download(&dev.out)?, &want)?;
     dev.poison(gpu)?;
-    dev.launch_v2(gpu, &k)?;
+    dev.launch_v2(gpu, &k, PARTITION)?;
     check_close("gpu v2", r.seed, &gpu.download(&dev.out)?, &want)?;
     println!(
         "validated paged_attention v1 and v2 (partition {PARTITION}) bf16 h{D}, contexts {:?}, \
@@ -272,49 +305,161 @@ fn report(what: &str, ms: f64, bytes: u64, copy: f64) {
     );
 }
 
-/// Times v1, v2, rms_norm and reshape_and_cache at vLLM's shapes.
+/// Times decode attention at vLLM's, SmolLM2's and Llama-3-8B's shapes (v1, v2 at
+/// vLLM's partition, and the planner's choice), then rms_norm and reshape_and_cache.
 pub fn bench(gpu: &Gpu, r: &mut BenchRng) -> Result<(), GpuError> {
-    let k = AttnKernels::load(gpu)?;
-    let p = DecodeProblem::random(r, DecodeShape::vllm());
-    let bytes = p.shape.bytes_moved();
+    let sm = gpu.ctx.attribute(
+        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )? as u32;
+    let vllm = DecodeShape::vllm();
+    let bytes = vllm.bytes_moved();
     let copy = gpu.copy_bandwidth(bytes as usize, ITERS)?;
     println!(
-        "D2D copy of {:.1} MiB: {copy:.1} GB/s (read + write)",
+        "D2D copy of {:.1} MiB: {copy:.1} GB/s (read + write); {sm} SMs",
         bytes as f64 / (1 << 20) as f64
     );
-    println!("decode attention, batch 8, context 4096, 64/8 heads, head 128, block 16, bf16:");
-    let mut dev = AttnDevice::upload(gpu, &p)?;
-    // Spot-check the timed launches on two (sequence, head) rows of the big shape.
-    let rows = [(0usize, 0usize), (7, 63)];
+    let shapes = [
+        ("vLLM: batch 8, ctx 4096, 64/8 heads, h128", vllm),
+        (
+            "SmolLM2: batch 256, ctx 256-1024, 9/3 heads, h64",
+            DecodeShape::smollm2(r),
+        ),
+        (
+            "Llama-3-8B: batch 64, ctx 2048, 32/8 heads, h128",
+            DecodeShape::llama3_8b(),
+        ),
+    ];
+    for (label, shape) in shapes {
+        bench_decode(gpu, r, label, shape, sm, copy)?;
+    }
+    println!("prefill attention (causal, whole prompt as the query), 32/8 heads, bf16:");
+    for (seqs, ctx) in [(4usize, 2048u32), (1, 8192)] {
+        for d in [64usize, 128] {
+            bench_prefill(gpu, r, seqs, ctx, d)?;
+        }
+    }
+    bench_rows(gpu, r, copy)
+}
+
+/// One decode shape: v1, v2 (partition 512) and the planner's choice, each spot-checked
+/// against the f64 reference on its first and last (sequence, head) rows after timing.
+fn bench_decode(
+    gpu: &Gpu,
+    r: &mut BenchRng,
+    label: &str,
+    shape: DecodeShape,
+    sm: u32,
+    copy: f64,
+) -> Result<(), GpuError> {
+    let p = DecodeProblem::random(r, shape);
+    let (d, bytes) = (p.shape.d, p.shape.bytes_moved());
+    let k = AttnKernels::load(gpu, d)?;
+    let mut dev = AttnDevice::upload(gpu, &p, geom::MIN_PARTITION)?;
+    let plan = geom::plan_decode(dev.plan_shape(sm));
+    let planned = match plan {
+        geom::DecodePlan::V1(_) => Decode::V1,
+        geom::DecodePlan::V2 { partition_size, .. } => Decode::V2 {
+            partition: partition_size,
+        },
+    };
+    println!("decode attention, {label}, block 16, bf16; planner: {planned:?}");
+    let last = (p.shape.ctx.len() - 1, p.shape.heads - 1);
+    let rows = [(0usize, 0usize), last];
     let want = p.reference_rows(&rows);
-    for (name, v2) in [
-        ("paged_attention_v1_bf16_h128", false),
-        ("v2 + reduce", true),
-    ] {
+    let runs = [
+        ("v1".to_string(), Decode::V1),
+        (
+            format!("v2 (partition {PARTITION}) + reduce"),
+            Decode::V2 {
+                partition: PARTITION,
+            },
+        ),
+        (format!("planner's choice {planned:?}"), planned),
+    ];
+    for (name, how) in runs {
         dev.poison(gpu)?;
-        let dev = &dev;
-        let step = || {
-            if v2 {
-                dev.launch_v2(gpu, &k)
-            } else {
-                dev.launch_v1(gpu, &k)
-            }
-        };
-        let ms = gpu.time(WARMUP, ITERS, step)?;
+        let devr = &dev;
+        let ms = gpu.time(WARMUP, ITERS, || devr.launch(gpu, &k, how))?;
         let out = gpu.download(&dev.out)?;
         let got: Vec<bf16> = rows
             .iter()
-            .flat_map(|&(s, h)| out[(s * p.shape.heads + h) * D..][..D].to_vec())
+            .flat_map(|&(s, h)| out[(s * p.shape.heads + h) * d..][..d].to_vec())
             .collect();
-        check_close(&format!("{name} at vLLM shape"), r.seed, &got, &want)?;
-        let label = if v2 {
-            format!("paged_attention_v2 (partition {PARTITION}) + reduce")
-        } else {
-            name.to_string()
-        };
-        report(&label, ms, bytes, copy);
+        check_close(&format!("{name} at {label}"), r.seed, &got, &want)?;
+        report(&format!("  {name}"), ms, bytes, copy);
     }
-    bench_rows(gpu, r, copy)
+    Ok(())
+}
+
+/// Prefill of `seqs` prompts of `ctx` tokens each (32 query / 8 KV heads, head `d`), in
+/// TFLOP/s (`4 * heads * d * sum(position + 1)`), spot-checked on three query rows.
+fn bench_prefill(
+    gpu: &Gpu,
+    r: &mut BenchRng,
+    seqs: usize,
+    ctx: u32,
+    d: usize,
+) -> Result<(), GpuError> {
+    let (heads, kv_heads) = (32usize, 8usize);
+    let shape = DecodeShape {
+        ctx: vec![ctx; seqs],
+        heads,
+        kv_heads,
+        block_size: 16,
+        d,
+    };
+    let p = DecodeProblem::random(r, shape);
+    let tokens = seqs * ctx as usize;
+    let q = r.vec(tokens * heads * d, -1.0, 1.0);
+    let qsl: Vec<u32> = (0..=seqs as u32).map(|i| i * ctx).collect();
+    let kernel = gpu.kernel(&format!("prefill_attention_bf16_h{d}"))?;
+    let (qd, kd, vd) = (gpu.upload(&q)?, gpu.upload(&p.k)?, gpu.upload(&p.v)?);
+    let (td, cd, sd) = (
+        gpu.upload(&p.tables)?,
+        gpu.upload(&p.shape.ctx)?,
+        gpu.upload(&qsl)?,
+    );
+    let od = gpu.upload(&poisoned(q.len()))?;
+    let args = [
+        ("out", gpu.ptr(&od)),
+        ("q", gpu.ptr(&qd)),
+        ("k_cache", gpu.ptr(&kd)),
+        ("v_cache", gpu.ptr(&vd)),
+        ("block_tables", gpu.ptr(&td)),
+        ("context_lens", gpu.ptr(&cd)),
+        ("query_start_loc", gpu.ptr(&sd)),
+        ("num_seqs", Arg::U32(seqs as u32)),
+        ("num_kv_heads", Arg::U32(kv_heads as u32)),
+        ("scale", Arg::F32(p.scale)),
+        ("block_size", Arg::U32(16)),
+        ("max_blocks_per_seq", Arg::U32(p.shape.max_blocks() as u32)),
+    ];
+    let cfg = geom::prefill_attention(tokens as u32, heads as u32, ctx, geom::ATTN_THREADS);
+    let ms = gpu.time(1, 5, || gpu.launch(&kernel, cfg, &args))?;
+    let out = gpu.download(&od)?;
+    // (token, head): the first row, a row in the middle of the last prompt, the last row.
+    let checks = [
+        (0usize, 0usize),
+        (tokens - ctx as usize / 2, 5),
+        (tokens - 1, heads - 1),
+    ];
+    let mut got = Vec::new();
+    let mut want = Vec::new();
+    for (t, h) in checks {
+        let (s, pos) = (t / ctx as usize, t % ctx as usize);
+        let row = &q[(t * heads + h) * d..][..d];
+        want.extend(p.reference_prefix(row, s, h / (heads / kv_heads), pos + 1));
+        got.extend_from_slice(&out[(t * heads + h) * d..][..d]);
+    }
+    check_close(&format!("prefill {seqs}x{ctx} h{d}"), r.seed, &got, &want)?;
+    let rows_sum = seqs as f64 * ctx as f64 * (ctx as f64 + 1.0) / 2.0;
+    let flops = 4.0 * (heads * d) as f64 * rows_sum;
+    println!(
+        "  prefill_attention_bf16_h{d} {seqs}x{ctx}: {:>9.1} us  {:>7.2} TFLOP/s",
+        ms * 1e3,
+        flops / (ms * 1e-3) / 1e12
+    );
+    Ok(())
 }
 
 /// rms_norm over a 4096-token prefill chunk and reshape_and_cache of 4096 tokens.

@@ -12,7 +12,7 @@ use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Head size benchmarked (vLLM's common Llama shape).
+/// Head size of the validation problems and vLLM's shape (the common Llama head).
 pub const D: usize = 128;
 
 /// A seeded RNG; the seed goes into every mismatch message (`GK_SEED` replays it).
@@ -75,6 +75,8 @@ pub struct DecodeShape {
     pub kv_heads: usize,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// Head size.
+    pub d: usize,
 }
 
 impl DecodeShape {
@@ -85,6 +87,30 @@ impl DecodeShape {
             heads: 64,
             kv_heads: 8,
             block_size: 16,
+            d: D,
+        }
+    }
+
+    /// SmolLM2-135M at batch 256: 9 query / 3 KV heads, head 64, ragged contexts
+    /// 256..=1024.
+    pub fn smollm2(r: &mut BenchRng) -> Self {
+        Self {
+            ctx: (0..256).map(|_| r.range(256, 1024) as u32).collect(),
+            heads: 9,
+            kv_heads: 3,
+            block_size: 16,
+            d: 64,
+        }
+    }
+
+    /// Llama-3-8B at batch 64, context 2048: 32 query / 8 KV heads, head 128.
+    pub fn llama3_8b() -> Self {
+        Self {
+            ctx: vec![2048; 64],
+            heads: 32,
+            kv_heads: 8,
+            block_size: 16,
+            d: 128,
         }
     }
 
@@ -103,6 +129,7 @@ impl DecodeShape {
             heads,
             kv_heads,
             block_size,
+            d: D,
         }
     }
 
@@ -121,8 +148,8 @@ impl DecodeShape {
     pub fn bytes_moved(&self) -> u64 {
         let elem = std::mem::size_of::<bf16>() as u64;
         let tokens: u64 = self.ctx.iter().map(|&c| u64::from(c)).sum();
-        let kv = 2 * tokens * (self.kv_heads * D) as u64 * elem;
-        let q_out = 2 * (self.ctx.len() * self.heads * D) as u64 * elem;
+        let kv = 2 * tokens * (self.kv_heads * self.d) as u64 * elem;
+        let q_out = 2 * (self.ctx.len() * self.heads * self.d) as u64 * elem;
         kv + q_out
     }
 }
@@ -163,14 +190,14 @@ impl DecodeProblem {
                 });
             }
         }
-        let n = num_blocks * bs * shape.kv_heads * D;
-        let q = r.vec(shape.ctx.len() * shape.heads * D, -1.0, 1.0);
+        let n = num_blocks * bs * shape.kv_heads * shape.d;
+        let q = r.vec(shape.ctx.len() * shape.heads * shape.d, -1.0, 1.0);
         Self {
             k: r.vec(n, -1.0, 1.0),
             v: r.vec(n, -1.0, 1.0),
             q,
             tables,
-            scale: 1.0 / (D as f32).sqrt(),
+            scale: 1.0 / (shape.d as f32).sqrt(),
             shape,
         }
     }
@@ -178,7 +205,7 @@ impl DecodeProblem {
     fn row(&self, s: usize, t: usize, kvh: usize) -> usize {
         let (bs, kv_heads) = (self.shape.block_size, self.shape.kv_heads);
         let blk = self.tables[s * self.shape.max_blocks() + t / bs] as usize;
-        ((blk * bs + t % bs) * kv_heads + kvh) * D
+        ((blk * bs + t % bs) * kv_heads + kvh) * self.shape.d
     }
 
     /// f64 softmax attention of every (sequence, head): `[seqs, heads, D]`.
@@ -193,23 +220,30 @@ impl DecodeProblem {
     /// f64 softmax attention of the listed (sequence, head) rows, concatenated
     /// (`D` values each). O(rows * ctx * D).
     pub fn reference_rows(&self, rows: &[(usize, usize)]) -> Vec<f64> {
-        let (heads, kv_heads) = (self.shape.heads, self.shape.kv_heads);
-        let mut out = Vec::with_capacity(rows.len() * D);
+        let (heads, kv_heads, d) = (self.shape.heads, self.shape.kv_heads, self.shape.d);
+        let mut out = Vec::with_capacity(rows.len() * d);
         for &(s, h) in rows {
-            let q = &self.q[(s * heads + h) * D..][..D];
+            let q = &self.q[(s * heads + h) * d..][..d];
             let kvh = h / (heads / kv_heads);
             out.extend(self.attend(q, s, kvh, self.shape.ctx[s] as usize));
         }
         out
     }
 
+    /// f64 softmax attention of query row `q` over tokens `0..len` of sequence `s`, KV
+    /// head `kvh` (a causal prefill row at position `len - 1`).
+    pub fn reference_prefix(&self, q: &[bf16], s: usize, kvh: usize, len: usize) -> Vec<f64> {
+        self.attend(q, s, kvh, len)
+    }
+
     fn attend(&self, q: &[bf16], s: usize, kvh: usize, len: usize) -> Vec<f64> {
+        let d = self.shape.d;
         if len == 0 {
-            return vec![0.0; D];
+            return vec![0.0; d];
         }
         let logits: Vec<f64> = (0..len)
             .map(|t| {
-                let k = &self.k[self.row(s, t, kvh)..][..D];
+                let k = &self.k[self.row(s, t, kvh)..][..d];
                 f64::from(self.scale)
                     * q.iter()
                         .zip(k)
@@ -220,7 +254,7 @@ impl DecodeProblem {
         let m = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let p: Vec<f64> = logits.iter().map(|l| (l - m).exp()).collect();
         let z: f64 = p.iter().sum();
-        (0..D)
+        (0..d)
             .map(|i| {
                 (0..len)
                     .map(|t| p[t] * f64::from(self.v[self.row(s, t, kvh) + i].to_f32()))

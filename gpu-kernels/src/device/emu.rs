@@ -336,3 +336,33 @@ pub fn exp_fast(x: f32) -> f32 {
 pub fn sqrt(x: f32) -> f32 {
     x.sqrt()
 }
+
+/// A 16-byte load (`ld.global.nc.v4.u32` on the device).
+///
+/// # Safety
+/// `p` is valid for 16 bytes of reads that no thread writes during the launch. The device
+/// also needs 16-byte alignment; the emulator reads unaligned so host test buffers
+/// (`Vec<bf16>`) need not be over-aligned, and kernels keep offsets multiples of 16 bytes.
+pub unsafe fn ld_global_nc_v4(p: *const u32) -> [u32; 4] {
+    // SAFETY: the caller guarantees 16 readable bytes.
+    unsafe { p.cast::<[u32; 4]>().read_unaligned() }
+}
+
+/// A 16-byte load (`ld.global.v4.u32` on the device); unaligned on the host as
+/// [`ld_global_nc_v4`].
+///
+/// # Safety
+/// `p` is valid for 16 bytes of reads not written concurrently.
+pub unsafe fn ld_global_v4(p: *const u32) -> [u32; 4] {
+    // SAFETY: the caller guarantees 16 readable bytes.
+    unsafe { p.cast::<[u32; 4]>().read_unaligned() }
+}
+
+/// A 16-byte store (`st.global.v4.u32` on the device); unaligned on the host.
+///
+/// # Safety
+/// `p` is valid for 16 bytes of writes no other thread accesses concurrently.
+pub unsafe fn st_global_v4(p: *mut u32, w: [u32; 4]) {
+    // SAFETY: the caller guarantees 16 writable bytes.
+    unsafe { p.cast::<[u32; 4]>().write_unaligned(w) }
+}

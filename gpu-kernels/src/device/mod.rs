@@ -14,8 +14,9 @@ pub mod emu;
 #[cfg(not(target_arch = "nvptx64"))]
 pub use emu::{
     atomic_add_f32, block_dim_x, block_dim_y, block_dim_z, block_idx_x, block_idx_y, block_idx_z,
-    dynamic_shared_mem, exp_fast, grid_dim_x, grid_dim_y, grid_dim_z, shfl_down_f32, shfl_xor_f32,
-    sqrt, sync_threads, thread_idx_x, thread_idx_y, thread_idx_z,
+    dynamic_shared_mem, exp_fast, grid_dim_x, grid_dim_y, grid_dim_z, ld_global_nc_v4,
+    ld_global_v4, shfl_down_f32, shfl_xor_f32, sqrt, st_global_v4, sync_threads, thread_idx_x,
+    thread_idx_y, thread_idx_z,
 };
 
 #[cfg(target_arch = "nvptx64")]
@@ -23,8 +24,9 @@ pub mod ptx;
 #[cfg(target_arch = "nvptx64")]
 pub use ptx::{
     atomic_add_f32, block_dim_x, block_dim_y, block_dim_z, block_idx_x, block_idx_y, block_idx_z,
-    dynamic_shared_mem, exp_fast, grid_dim_x, grid_dim_y, grid_dim_z, shfl_down_f32, shfl_xor_f32,
-    sqrt, sync_threads, thread_idx_x, thread_idx_y, thread_idx_z,
+    dynamic_shared_mem, exp_fast, grid_dim_x, grid_dim_y, grid_dim_z, ld_global_nc_v4,
+    ld_global_v4, shfl_down_f32, shfl_xor_f32, sqrt, st_global_v4, sync_threads, thread_idx_x,
+    thread_idx_y, thread_idx_z,
 };
 
 /// Threads per warp.

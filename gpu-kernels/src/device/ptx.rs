@@ -1,5 +1,5 @@
 //! nvptx back end of the device API: PTX special registers, `bar.sync`, `shfl.sync`,
-//! `atom.add.f32`, `ex2.approx` and `sqrt.rn`.
+//! `atom.add.f32`, `ex2.approx`, `sqrt.rn` and 16-byte read-only loads (`ld.global.nc.v4.u32`).
 
 use core::arch::{asm, global_asm, nvptx};
 
@@ -91,4 +91,70 @@ pub fn sqrt(x: f32) -> f32 {
     // SAFETY: pure arithmetic instruction.
     unsafe { asm!("sqrt.rn.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x) };
     r
+}
+
+/// One 16-byte load through the read-only path: `ld.global.nc.v4.u32` on the global
+/// address of `p` (`cvta.to.global.u64` first, as nvcc does).
+///
+/// # Safety
+/// `p` is a 16-byte aligned address of global memory that no thread writes during the
+/// kernel.
+#[inline(always)]
+pub unsafe fn ld_global_nc_v4(p: *const u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees an aligned, read-only global address.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.global.nc.v4.u32 {{{a}, {b}, {c}, {d}}}, [g]; }}",
+            p = in(reg64) p,
+            a = out(reg32) a,
+            b = out(reg32) b,
+            c = out(reg32) c,
+            d = out(reg32) d,
+            options(pure, readonly, nostack),
+        )
+    };
+    [a, b, c, d]
+}
+
+/// One 16-byte load of global memory that the kernel may also write (`ld.global.v4.u32`).
+///
+/// # Safety
+/// `p` is a 16-byte aligned global address, not written concurrently by another thread.
+#[inline(always)]
+pub unsafe fn ld_global_v4(p: *const u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees an aligned global address.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {p}; ld.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [g]; }}",
+            p = in(reg64) p,
+            a = out(reg32) a,
+            b = out(reg32) b,
+            c = out(reg32) c,
+            d = out(reg32) d,
+            options(readonly, nostack),
+        )
+    };
+    [a, b, c, d]
+}
+
+/// One 16-byte store to global memory (`st.global.v4.u32`).
+///
+/// # Safety
+/// `p` is a 16-byte aligned global address no other thread accesses concurrently.
+#[inline(always)]
+pub unsafe fn st_global_v4(p: *mut u32, w: [u32; 4]) {
+    // SAFETY: the caller guarantees an aligned global address owned by this thread.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {p}; st.global.v4.u32 [g], {{{a}, {b}, {c}, {d}}}; }}",
+            p = in(reg64) p,
+            a = in(reg32) w[0],
+            b = in(reg32) w[1],
+            c = in(reg32) w[2],
+            d = in(reg32) w[3],
+            options(nostack),
+        )
+    };
 }

@@ -13,6 +13,7 @@
 //! `tokenizers` crate's.
 
 pub mod gguf;
+pub mod spm;
 
 use std::collections::HashSet;
 use std::path::Path;

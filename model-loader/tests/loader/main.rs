@@ -5,4 +5,5 @@ mod common;
 mod gguf;
 mod hf;
 mod smollm2;
+mod spm;
 mod tiny;

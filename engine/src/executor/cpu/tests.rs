@@ -57,6 +57,7 @@ fn weights(c: &ModelConfig) -> ModelWeights {
             w_gate: t(&[i, h], 0.5, 0.0),
             w_up: t(&[i, h], 0.5, 0.0),
             w_down: t(&[h, i], 0.5, 0.0),
+            gemma: None,
         })
         .collect();
     ModelWeights {

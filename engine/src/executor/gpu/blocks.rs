@@ -14,9 +14,9 @@
 
 use super::device::{DType, DevBuf, DevPtr, Device, HostBuf, ThreadsFor};
 use super::GpuError;
+use crate::executor::KvGeometry;
 use crate::executor::{BlockOps, ExecError};
 use crate::kv::{BlockCopy, BlockId};
-use crate::model::KvGeometry;
 use gpu_kernels::{launch as geom, KernelArg};
 
 /// Device and host KV pools.
@@ -178,7 +178,8 @@ impl KvPools {
             copies.len() as u32,
             dev.threads(ThreadsFor::Rows),
         );
-        let name = format!("copy_blocks_{}", self.dtype.kernel_suffix());
+        // Resolved here, not at start: copy-on-write copies are rare.
+        let kernel = dev.kernel(&format!("copy_blocks_{}", self.dtype.kernel_suffix()))?;
         let args = [
             self.key_ptrs.ptr.arg(),
             self.value_ptrs.ptr.arg(),
@@ -189,7 +190,7 @@ impl KvPools {
         // blocks of `block_elems` elements; every id was checked in range by
         // `apply`; the scheduler's copy-on-write destinations are freshly
         // allocated blocks, never a source or another pair's destination.
-        unsafe { dev.launch(&name, cfg, &args) }
+        unsafe { dev.launch(kernel, cfg, &args) }
     }
 
     /// One block of every layer, K and V, as f32 (tests).

@@ -4,8 +4,12 @@
 //!
 //! - Kernels: the PTX `cargo xtask build-ptx` writes
 //!   (`target/ptx/<sm_80|sm_90>/gpu_kernels.ptx`, or `$PAGED_ENGINE_PTX_DIR/<arch>/`),
-//!   loaded once; each entry is looked up on first use and its arguments are
-//!   checked against `gpu_kernels::KERNELS` before every launch.
+//!   loaded once; each entry is loaded when the executor resolves it
+//!   ([`Device::kernel`], once at start) into a table indexed like
+//!   `gpu_kernels::KERNELS`; a launch indexes that table (no name lookup) and
+//!   checks its arguments against the entry's signature (a slice compare).
+//! - cuBLAS: found by [`super::cublas_path`] (CUDA 12 or 13, wheel folders
+//!   included) and opened before cudarc asks for it.
 //! - GEMMs: cuBLAS `GemmEx`, f32 accumulation (`CUBLAS_COMPUTE_32F`).
 //! - Streams: one compute stream (cuBLAS is bound to it) and one swap stream
 //!   for the host<->device block copies, ordered by events as the
@@ -15,17 +19,20 @@
 //! the orchestration it serves is tested on [`super::EmuDevice`], but this
 //! file's driver calls have not yet run on hardware.
 
-use super::device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
+use super::device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, Kernel, ThreadsFor};
 use super::GpuError;
 use cudarc::cublas::{self, CudaBlas};
 use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
-use gpu_kernels::{check_args, find_kernel, KernelArg, KernelSig, LaunchConfig};
-use std::collections::HashMap;
+use gpu_kernels::{check_args, KernelArg, KernelSig, LaunchConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// Page-locked staging for small uploads (a 256-sequence step's metadata is
+/// about 75 KB).
+const STAGING_BYTES: usize = 4 << 20;
 
 fn drv(e: impl std::fmt::Debug) -> GpuError {
     GpuError::Device(format!("{e:?}"))
@@ -65,14 +72,21 @@ pub struct CudaDevice {
     compute: Arc<CudaStream>,
     swap: Arc<CudaStream>,
     module: Arc<CudaModule>,
-    funcs: HashMap<String, (KernelSig, CudaFunction)>,
+    /// Loaded entry points, indexed like `gpu_kernels::KERNELS`.
+    funcs: Vec<Option<(KernelSig, CudaFunction)>>,
     blas: CudaBlas,
     mem: Vec<Option<(sys::CUdeviceptr, usize)>>,
     host: Vec<Option<Pinned>>,
     /// The swap stream must wait for compute issued since the last swap copy.
     swap_stale: bool,
+    /// Page-locked staging of small uploads (see [`CudaDevice::upload`]);
+    /// bytes `..staged` are in flight until the next compute synchronization.
+    staging: Option<Pinned>,
+    staged: usize,
     describe: String,
     max_shared: usize,
+    /// Streaming multiprocessors (the decode planner's input).
+    sm_count: u32,
 }
 
 // SAFETY: the raw host pointers are page-locked allocations owned by this
@@ -101,12 +115,7 @@ impl CudaDevice {
         let module = ctx
             .load_module(Ptx::from_src(text))
             .map_err(|e| GpuError::Ptx(format!("{}: {e:?}", path.display())))?;
-        // SAFETY: only tries to dlopen cuBLAS's candidate names.
-        if !unsafe { cublas::sys::is_culib_present() } {
-            return Err(GpuError::Unavailable(
-                "cuBLAS (libcublas) was not found".into(),
-            ));
-        }
+        preload_cublas()?;
         let compute = ctx.new_stream().map_err(drv)?;
         let swap = ctx.new_stream().map_err(drv)?;
         let blas = CudaBlas::new(compute.clone()).map_err(drv)?;
@@ -115,6 +124,10 @@ impl CudaDevice {
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .map_err(drv)? as usize;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv)?
+            .max(1) as u32;
         let name = ctx.name().map_err(drv)?;
         Ok(Self {
             describe: format!("{name} ({arch}, {})", path.display()),
@@ -122,38 +135,21 @@ impl CudaDevice {
             compute,
             swap,
             module,
-            funcs: HashMap::new(),
+            funcs: vec![None; gpu_kernels::KERNELS.len()],
             blas,
             mem: Vec::new(),
             host: Vec::new(),
             swap_stale: true,
+            staging: None,
+            staged: 0,
             // The attention kernels' static shared memory is about 1.2 KB.
             max_shared: optin.saturating_sub(2048),
+            sm_count,
         })
     }
 
     fn bind(&self) -> Result<(), GpuError> {
         self.ctx.bind_to_thread().map_err(drv)
-    }
-
-    fn function(&mut self, name: &str) -> Result<&(KernelSig, CudaFunction), GpuError> {
-        if !self.funcs.contains_key(name) {
-            let sig = find_kernel(name)
-                .ok_or_else(|| GpuError::Ptx(format!("{name} is not a kernel entry point")))?;
-            let f = self
-                .module
-                .load_function(name)
-                .map_err(|e| GpuError::Ptx(format!("{name}: {e:?}")))?;
-            f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                self.max_shared as i32,
-            )
-            .map_err(drv)?;
-            self.funcs.insert(name.to_string(), (sig, f));
-        }
-        self.funcs
-            .get(name)
-            .ok_or_else(|| GpuError::Ptx(format!("{name} vanished")))
     }
 
     fn host_slice(&mut self, h: &HostBuf, off: usize, bytes: usize) -> Result<&mut [u8], GpuError> {
@@ -182,6 +178,40 @@ impl CudaDevice {
     }
 }
 
+/// Opens the cuBLAS that [`super::cublas_path::find_cublas`] finds by its
+/// absolute path and keeps it loaded for the life of the process, so that
+/// cudarc's bare-name `dlopen` (`libcublas.so.13` / `.so.12`, see that module)
+/// gets this object through its SONAME. When our search finds nothing,
+/// cudarc's own search through the dynamic linker is the last try; if that
+/// fails too, the error names every path we tried.
+fn preload_cublas() -> Result<(), GpuError> {
+    use super::cublas_path::{find_cublas, SearchEnv};
+    match find_cublas(&SearchEnv::from_process()) {
+        Ok(path) => {
+            // SAFETY: loading cuBLAS runs only its own initializers, which
+            // have no preconditions on this process.
+            let lib = unsafe { libloading::Library::new(&path) }
+                .map_err(|e| GpuError::Unavailable(format!("cuBLAS at {}: {e}", path.display())))?;
+            // Stays loaded for the process: cudarc's handle refers to it.
+            std::mem::forget(lib);
+            // SAFETY: only dlopens cuBLAS's candidate names.
+            if unsafe { cublas::sys::is_culib_present() } {
+                tracing::info!(path = %path.display(), "cuBLAS loaded");
+                Ok(())
+            } else {
+                Err(GpuError::Unavailable(format!(
+                    "loaded cuBLAS from {}, but its SONAME is none of the names cudarc asks for ({:?})",
+                    path.display(),
+                    cudarc::get_lib_name_candidates("cublas")
+                )))
+            }
+        }
+        // SAFETY: only dlopens cuBLAS's candidate names.
+        Err(e) if !unsafe { cublas::sys::is_culib_present() } => Err(e),
+        Err(_) => Ok(()),
+    }
+}
+
 fn cuda_type(t: DType) -> cublas::sys::cudaDataType {
     match t {
         DType::F32 => cublas::sys::cudaDataType::CUDA_R_32F,
@@ -204,6 +234,10 @@ impl Device for CudaDevice {
 
     fn max_shared_bytes(&self) -> usize {
         self.max_shared
+    }
+
+    fn sm_count(&self) -> u32 {
+        self.sm_count
     }
 
     fn mem_info(&self) -> Option<(usize, usize)> {
@@ -255,22 +289,73 @@ impl Device for CudaDevice {
         })
     }
 
+    /// Small uploads (a step's metadata) are copied into a page-locked staging
+    /// buffer and sent asynchronously on the compute stream, no host wait;
+    /// the buffer is bump-allocated and reclaimed at the next compute
+    /// synchronization (the step's download), or by a synchronization here
+    /// when full. Large uploads (weights at load) stay synchronous.
     fn upload(&mut self, dst: DevPtr, src: &[u8]) -> Result<(), GpuError> {
         self.bind()?;
-        // SAFETY: `dst` addresses a live allocation of at least `src.len()`
-        // bytes (callers' contract); the copy is complete before `src` can move
-        // because the stream is synchronized before returning.
-        unsafe { result::memcpy_htod_async(dst.0, src, self.compute.cu_stream()) }.map_err(drv)?;
-        self.compute.synchronize().map_err(drv)?;
         self.swap_stale = true;
+        let n = src.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if n > STAGING_BYTES / 4 {
+            // SAFETY: `dst` addresses a live allocation of at least `n` bytes
+            // (callers' contract); the stream is synchronized before `src`
+            // can move.
+            unsafe { result::memcpy_htod_async(dst.0, src, self.compute.cu_stream()) }
+                .map_err(drv)?;
+            self.compute.synchronize().map_err(drv)?;
+            self.staged = 0;
+            return Ok(());
+        }
+        if self.staging.is_none() {
+            // SAFETY: page-locked allocation of STAGING_BYTES bytes.
+            let ptr = unsafe { result::malloc_host(STAGING_BYTES, 0) }.map_err(|e| {
+                GpuError::OutOfMemory(format!("{STAGING_BYTES} bytes of pinned staging: {e:?}"))
+            })? as *mut u8;
+            self.staging = Some(Pinned {
+                ptr,
+                bytes: STAGING_BYTES,
+            });
+        }
+        let start = self.staged.next_multiple_of(256);
+        let start = if start + n > STAGING_BYTES {
+            // Full: wait until every staged copy has landed, then reuse.
+            self.compute.synchronize().map_err(drv)?;
+            0
+        } else {
+            start
+        };
+        let Some(stage) = self.staging.as_ref() else {
+            return Err(GpuError::Device("staging buffer vanished".into()));
+        };
+        // SAFETY: `[start, start + n)` lies inside the page-locked buffer and
+        // no copy in flight reads it (bytes before `start` may be in flight;
+        // everything was reclaimed only after a synchronization).
+        let staged = unsafe {
+            let p = stage.ptr.add(start);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), p, n);
+            std::slice::from_raw_parts(p, n)
+        };
+        // SAFETY: `dst` addresses a live allocation of at least `n` bytes;
+        // `staged` stays untouched until the stream passes this copy.
+        unsafe { result::memcpy_htod_async(dst.0, staged, self.compute.cu_stream()) }
+            .map_err(drv)?;
+        self.staged = start + n;
         Ok(())
     }
 
     fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError> {
         self.bind()?;
-        // SAFETY: as `upload`, in the other direction.
+        // SAFETY: `src` addresses at least `dst.len()` device bytes (callers'
+        // contract); the stream is synchronized before `dst` can move.
         unsafe { result::memcpy_dtoh_async(dst, src.0, self.compute.cu_stream()) }.map_err(drv)?;
-        self.compute.synchronize().map_err(drv)
+        self.compute.synchronize().map_err(drv)?;
+        self.staged = 0;
+        Ok(())
     }
 
     fn copy_to_host(
@@ -310,43 +395,62 @@ impl Device for CudaDevice {
         self.compute.join(&self.swap).map_err(drv)
     }
 
+    fn kernel(&mut self, name: &str) -> Result<Kernel, GpuError> {
+        let k = Kernel::find(name)?;
+        if self.funcs[k.index].is_none() {
+            self.bind()?;
+            let f = self
+                .module
+                .load_function(k.name)
+                .map_err(|e| GpuError::Ptx(format!("{name}: {e:?}")))?;
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                self.max_shared as i32,
+            )
+            .map_err(drv)?;
+            self.funcs[k.index] = Some((gpu_kernels::KERNELS[k.index], f));
+        }
+        Ok(k)
+    }
+
     unsafe fn launch(
         &mut self,
-        kernel: &str,
+        kernel: Kernel,
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<(), GpuError> {
+        const MAX_ARGS: usize = 16;
+        if args.len() > MAX_ARGS {
+            return Err(GpuError::Ptx(format!(
+                "{}: {} arguments (at most {MAX_ARGS})",
+                kernel.name,
+                args.len()
+            )));
+        }
         self.bind()?;
         let stream = self.compute.clone();
-        let (sig, f) = self.function(kernel)?;
+        let (sig, f) = self
+            .funcs
+            .get(kernel.index)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| GpuError::Ptx(format!("{} was not resolved", kernel.name)))?;
         check_args(sig, args).map_err(|e| GpuError::Ptx(e.to_string()))?;
-        let mut ptrs = Vec::new();
-        let mut u32s = Vec::new();
-        let mut f32s = Vec::new();
-        for a in args {
+        // Fixed arrays, no allocation: the builder borrows each value.
+        let (mut ptrs, mut u32s, mut f32s) = ([0u64; MAX_ARGS], [0u32; MAX_ARGS], [0f32; MAX_ARGS]);
+        for (i, a) in args.iter().enumerate() {
             match *a {
-                KernelArg::Ptr(p) => ptrs.push(p),
-                KernelArg::U32(v) => u32s.push(v),
-                KernelArg::F32(v) => f32s.push(v),
+                KernelArg::Ptr(p) => ptrs[i] = p,
+                KernelArg::U32(v) => u32s[i] = v,
+                KernelArg::F32(v) => f32s[i] = v,
             }
         }
         let mut b = stream.launch_builder(f);
-        let (mut pi, mut ui, mut fi) = (0, 0, 0);
-        for a in args {
+        for (i, a) in args.iter().enumerate() {
             match a {
-                KernelArg::Ptr(_) => {
-                    b.arg(&ptrs[pi]);
-                    pi += 1;
-                }
-                KernelArg::U32(_) => {
-                    b.arg(&u32s[ui]);
-                    ui += 1;
-                }
-                KernelArg::F32(_) => {
-                    b.arg(&f32s[fi]);
-                    fi += 1;
-                }
-            }
+                KernelArg::Ptr(_) => b.arg(&ptrs[i]),
+                KernelArg::U32(_) => b.arg(&u32s[i]),
+                KernelArg::F32(_) => b.arg(&f32s[i]),
+            };
         }
         let cu = cudarc::driver::LaunchConfig {
             grid_dim: (cfg.grid.x, cfg.grid.y, cfg.grid.z),
@@ -398,6 +502,7 @@ impl Device for CudaDevice {
 
     fn synchronize(&mut self) -> Result<(), GpuError> {
         self.compute.synchronize().map_err(drv)?;
+        self.staged = 0;
         self.swap.synchronize().map_err(drv)
     }
 }
@@ -411,7 +516,7 @@ impl Drop for CudaDevice {
             // SAFETY: from `malloc_sync`; all work finished above.
             let _ = unsafe { result::free_sync(ptr) };
         }
-        for p in self.host.drain(..).flatten() {
+        for p in self.host.drain(..).flatten().chain(self.staging.take()) {
             // SAFETY: from `malloc_host`; all copies finished above.
             let _ = unsafe { result::free_host(p.ptr.cast()) };
         }

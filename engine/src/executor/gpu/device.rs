@@ -126,6 +126,30 @@ pub struct Gemm {
     pub accumulate: bool,
 }
 
+/// A kernel entry point resolved once by [`Device::kernel`]: launches go by
+/// this handle, with no name formatting or lookup per launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    /// Index in `gpu_kernels::KERNELS`.
+    pub(crate) index: usize,
+    /// The entry point's name.
+    pub name: &'static str,
+}
+
+impl Kernel {
+    /// The entry point `name` of `gpu_kernels::KERNELS`, or an error.
+    pub fn find(name: &str) -> Result<Kernel, GpuError> {
+        gpu_kernels::KERNELS
+            .iter()
+            .position(|k| k.name == name)
+            .map(|index| Kernel {
+                index,
+                name: gpu_kernels::KERNELS[index].name,
+            })
+            .ok_or_else(|| GpuError::Ptx(format!("{name} is not a kernel entry point")))
+    }
+}
+
 /// Which launch geometry family a kernel belongs to (threads per block).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ThreadsFor {
@@ -146,6 +170,10 @@ pub trait Device: Send {
 
     /// Most dynamic shared memory one block may use, in bytes.
     fn max_shared_bytes(&self) -> usize;
+
+    /// Streaming multiprocessors, for the decode planner
+    /// (`gpu_kernels::launch::plan_decode`): 132 on an H200.
+    fn sm_count(&self) -> u32;
 
     /// `(free, total)` device memory in bytes, where the device can tell.
     fn mem_info(&self) -> Option<(usize, usize)>;
@@ -187,7 +215,11 @@ pub trait Device: Send {
     /// Later compute waits for every swap copy issued so far.
     fn swap_fence(&mut self) -> Result<(), GpuError>;
 
-    /// Launches entry point `kernel` (checked against `gpu_kernels::KERNELS`).
+    /// Resolves entry point `name` (checked against `gpu_kernels::KERNELS`;
+    /// loaded from the PTX on CUDA). Called once per kernel at start.
+    fn kernel(&mut self, name: &str) -> Result<Kernel, GpuError>;
+
+    /// Launches a kernel resolved by [`Device::kernel`].
     ///
     /// # Safety
     /// The kernel's `# Safety` section: every pointer argument addresses a
@@ -195,7 +227,7 @@ pub trait Device: Send {
     /// and the scalars imply.
     unsafe fn launch(
         &mut self,
-        kernel: &str,
+        kernel: Kernel,
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<(), GpuError>;

@@ -8,7 +8,7 @@
 //! arguments, launch geometry, block copies, swap) is tested on every machine;
 //! it is far too slow to serve with (one OS thread per emulated GPU thread).
 
-use super::device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
+use super::device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, Kernel, ThreadsFor};
 use super::GpuError;
 use gpu_kernels::{KernelArg, LaunchConfig};
 
@@ -91,6 +91,12 @@ impl Device for EmuDevice {
         227 * 1024
     }
 
+    fn sm_count(&self) -> u32 {
+        // A small device, so that the planner's split-K path runs in the
+        // emulated tests as often as the single pass.
+        4
+    }
+
     fn mem_info(&self) -> Option<(usize, usize)> {
         None
     }
@@ -163,17 +169,22 @@ impl Device for EmuDevice {
         Ok(())
     }
 
+    fn kernel(&mut self, name: &str) -> Result<Kernel, GpuError> {
+        Kernel::find(name)
+    }
+
     unsafe fn launch(
         &mut self,
-        kernel: &str,
+        kernel: Kernel,
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<(), GpuError> {
         self.launches += 1;
+        let name = kernel.name;
         // SAFETY: forwarded from the caller: every pointer argument addresses
         // one of this device's live host allocations, sized for the launch.
-        unsafe { gpu_kernels::entries::emulate(kernel, cfg, args) }
-            .map_err(|e| GpuError::Device(format!("emulator launch of {kernel}: {e:?}")))
+        unsafe { gpu_kernels::entries::emulate(name, cfg, args) }
+            .map_err(|e| GpuError::Device(format!("emulator launch of {name}: {e:?}")))
     }
 
     unsafe fn gemm(&mut self, g: &Gemm) -> Result<(), GpuError> {
@@ -184,9 +195,16 @@ impl Device for EmuDevice {
         } else {
             vec![0.0; g.m * g.n]
         };
-        // The CPU backend's GEMM on the widened values: f32 accumulation, as cuBLAS's
-        // CUBLAS_COMPUTE_32F (the summation order differs, as it would on a GPU).
-        crate::model::linear::matmul_wt(&a, g.m, &b, g.n, g.k, &mut c, g.accumulate);
+        // A plain GEMM on the widened values with f32 accumulation, as cuBLAS's
+        // CUBLAS_COMPUTE_32F (the summation order differs from the CPU
+        // backend's, as it would on a GPU).
+        for (i, c_row) in c.chunks_exact_mut(g.n).enumerate() {
+            let a_row = &a[i * g.k..(i + 1) * g.k];
+            for (j, out) in c_row.iter_mut().enumerate() {
+                let b_row = &b[j * g.k..(j + 1) * g.k];
+                *out += a_row.iter().zip(b_row).map(|(x, y)| x * y).sum::<f32>();
+            }
+        }
         let bytes = g.c_type.encode(&c);
         self.region(g.c, bytes.len())?.copy_from_slice(&bytes);
         Ok(())

@@ -1,5 +1,6 @@
 //! One forward pass on a [`Device`], mirroring the CPU model
-//! (`crate::model::llama`) operation for operation:
+//! (`crate::model::llama`, which this module does not import) operation for
+//! operation:
 //!
 //! ```text
 //! x = embedding(ids)                                   (residual stream, dtype T)
@@ -12,24 +13,20 @@
 //! ```
 //!
 //! All per-step integers (ids, positions, slots, context lengths, query
-//! starts, block tables, logits rows) go up in one upload; activations live in
-//! a [`Scratch`] that grows to the largest batch seen and is then reused.
-//! Launches per step: 1 + 11 per layer + 3. Cost is dominated by the GEMMs,
-//! O(tokens x parameters).
+//! starts, block tables, logits rows) go up in one upload from a reused host
+//! staging buffer; activations live in a [`Scratch`] that grows to the
+//! largest batch seen and is then reused. Kernels are resolved once into
+//! [`Kernels`]. Launches per step: 1 + 11 per layer + 3 (+ 3 per layer for
+//! q/k/v biases). Cost is dominated by the GEMMs, O(tokens x parameters).
 
 use super::blocks::KvPools;
-use super::device::{DType, DevBuf, DevPtr, Device, Gemm, ThreadsFor};
+use super::device::{DType, DevBuf, DevPtr, Device, Gemm, Kernel, ThreadsFor};
 use super::weights::DeviceWeights;
 use super::{GpuError, SUPPORTED_HEAD_DIMS};
-use crate::executor::{ForwardBatch, Logits, SeqSpan};
+use crate::executor::HostWeights;
+use crate::executor::{ForwardBatch, GreedyRow, Logits, SeqSpan};
 use crate::kv::BlockId;
-use crate::model::LlamaModel;
 use gpu_kernels::{launch as geom, KernelArg, LaunchConfig};
-
-/// Split-K partition size of decode attention (vLLM's).
-const PARTITION: usize = 512;
-/// Longest context decode attention runs single-pass for (vLLM's rule).
-const V1_MAX_CONTEXT: usize = 8192;
 
 /// The model dimensions the forward pass needs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -46,9 +43,9 @@ pub struct Dims {
 }
 
 impl Dims {
-    /// The dimensions of `model`, refusing head sizes without attention entry points.
-    pub fn of(model: &LlamaModel) -> Result<Self, GpuError> {
-        let c = model.config();
+    /// The dimensions of `w`, refusing head sizes without attention entry points.
+    pub fn of(w: &HostWeights<'_>) -> Result<Self, GpuError> {
+        let c = w.config;
         if !SUPPORTED_HEAD_DIMS.contains(&c.head_dim) {
             return Err(GpuError::Unsupported(format!(
                 "head_dim {} (the attention kernels are built for {SUPPORTED_HEAD_DIMS:?})",
@@ -64,7 +61,7 @@ impl Dims {
             vocab: c.vocab_size,
             layers: c.num_hidden_layers,
             eps: c.rms_norm_eps,
-            max_positions: model.weights().rope.max_positions(),
+            max_positions: w.max_positions,
         })
     }
 
@@ -74,6 +71,51 @@ impl Dims {
 
     fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+}
+
+/// Every kernel the forward pass launches, resolved once at start for the
+/// executor's dtype and head size: launches index this table (no name
+/// formatting or map lookup per launch).
+#[derive(Clone, Copy, Debug)]
+pub struct Kernels {
+    embedding: Kernel,
+    rms_norm: Kernel,
+    rotary: Kernel,
+    cache: Kernel,
+    silu_and_mul: Kernel,
+    paged_v1: Kernel,
+    paged_v2: Kernel,
+    paged_v2_reduce: Kernel,
+    prefill: Kernel,
+    greedy_rows: Kernel,
+}
+
+impl Kernels {
+    /// Resolves the entry points `<family>_<dtype>[_h<head_dim>]`.
+    pub fn resolve(dev: &mut dyn Device, t: DType, head_dim: usize) -> Result<Self, GpuError> {
+        let sfx = t.kernel_suffix();
+        let mut plain = |f: &str| dev.kernel(&format!("{f}_{sfx}"));
+        let (embedding, rms_norm, rotary, cache, silu_and_mul) = (
+            plain("embedding")?,
+            plain("rms_norm")?,
+            plain("rotary_embedding")?,
+            plain("reshape_and_cache")?,
+            plain("silu_and_mul")?,
+        );
+        let mut head = |f: &str| dev.kernel(&format!("{f}_{sfx}_h{head_dim}"));
+        Ok(Self {
+            embedding,
+            rms_norm,
+            rotary,
+            cache,
+            silu_and_mul,
+            paged_v1: head("paged_attention_v1")?,
+            paged_v2: head("paged_attention_v2")?,
+            paged_v2_reduce: head("paged_attention_v2_reduce")?,
+            prefill: head("prefill_attention")?,
+            greedy_rows: dev.kernel("greedy_rows_f32")?,
+        })
     }
 }
 
@@ -95,6 +137,15 @@ pub struct Scratch {
     split_out: Option<DevBuf>,
     split_max: Option<DevBuf>,
     split_sum: Option<DevBuf>,
+    /// `u32` zeros, one per token: the row ids that broadcast a bias row.
+    zeros: Option<DevBuf>,
+    /// Host staging of the step's integers (reused: no allocation per step
+    /// once it has grown to the largest batch).
+    host_words: Vec<u32>,
+    host_bytes: Vec<u8>,
+    /// `f32[rows, 3]` of the greedy reduction (device) and its host copy.
+    greedy: Option<DevBuf>,
+    greedy_host: Vec<u8>,
 }
 
 impl Scratch {
@@ -116,6 +167,8 @@ impl Scratch {
             self.split_out,
             self.split_max,
             self.split_sum,
+            self.zeros,
+            self.greedy,
         ];
         all.into_iter().flatten().try_for_each(|b| dev.free(b))
     }
@@ -154,6 +207,8 @@ struct Meta {
     /// Columns of `tables`.
     max_blocks: usize,
     max_context: usize,
+    /// Sum of the context lengths (the decode planner's ragged-batch input).
+    total_context: usize,
     all_decode: bool,
 }
 
@@ -172,7 +227,8 @@ fn upload_meta(
         .max()
         .unwrap_or(0)
         .max(1);
-    let mut v: Vec<u32> = Vec::with_capacity(3 * n + 2 * seqs.len() + 1);
+    let v = &mut scratch.host_words;
+    v.clear();
     v.extend_from_slice(&batch.token_ids);
     v.extend(batch.positions.iter().map(|&p| p as u32));
     v.extend(batch.slot_mapping.iter().map(|&s| s as u32));
@@ -189,9 +245,11 @@ fn upload_meta(
         v.extend(std::iter::repeat_n(0, max_blocks - used));
     }
     v.extend(batch.logits_rows.iter().map(|&r| r as u32));
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let base = ensure(dev, &mut scratch.meta, bytes.len())?;
-    dev.upload(base, &bytes)?;
+    let bytes = &mut scratch.host_bytes;
+    bytes.clear();
+    bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+    let base = ensure(dev, &mut scratch.meta, scratch.host_bytes.len())?;
+    dev.upload(base, &scratch.host_bytes)?;
     let at = |words: usize| base.offset(4 * words);
     let s = seqs.len();
     Ok(Meta {
@@ -204,6 +262,7 @@ fn upload_meta(
         rows: at(3 * n + 2 * s + 1 + s * max_blocks),
         max_blocks,
         max_context: seqs.iter().map(|s| s.context_len).max().unwrap_or(0),
+        total_context: seqs.iter().map(|s| s.context_len).sum(),
         all_decode: seqs.iter().all(|s| s.query_len == 1),
     })
 }
@@ -240,10 +299,11 @@ fn activations(
     })
 }
 
-/// Launch helper: entry names are `<family>_<dtype>[_h<head_dim>]`.
+/// Launch helper over the resolved [`Kernels`].
 struct Launcher<'a> {
     dev: &'a mut dyn Device,
     t: DType,
+    k: &'a Kernels,
 }
 
 /// A `u32` kernel argument.
@@ -256,17 +316,12 @@ impl Launcher<'_> {
     /// As [`Device::launch`].
     unsafe fn run(
         &mut self,
-        family: &str,
-        head: Option<usize>,
+        kernel: Kernel,
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<(), GpuError> {
-        let name = match head {
-            Some(h) => format!("{family}_{}_h{h}", self.t.kernel_suffix()),
-            None => format!("{family}_{}", self.t.kernel_suffix()),
-        };
         // SAFETY: forwarded to the caller.
-        unsafe { self.dev.launch(&name, cfg, args) }
+        unsafe { self.dev.launch(kernel, cfg, args) }
     }
 
     /// `c = a W^T` (`+=` with `accumulate`); `a` is `[m, k]`, `W` `[n, k]`.
@@ -317,8 +372,7 @@ impl Launcher<'_> {
         // SAFETY: forwarded to the caller.
         unsafe {
             self.run(
-                "embedding",
-                None,
+                self.k.embedding,
                 cfg,
                 &[out.arg(), ids.arg(), table.arg(), u(hidden)],
             )
@@ -346,13 +400,30 @@ impl Launcher<'_> {
             u(d.hidden),
         ];
         // SAFETY: forwarded to the caller.
-        unsafe { self.run("rms_norm", None, cfg, &args) }
+        unsafe { self.run(self.k.rms_norm, cfg, &args) }
     }
 }
 
+/// What a step hands back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// The logits rows (`rows x vocab` f32 downloaded).
+    Logits,
+    /// Each row's greedy choice (`rows x 12` bytes downloaded).
+    Greedy,
+}
+
+/// A step's result, as asked by [`Output`].
+pub enum StepOut {
+    Logits(Logits),
+    Greedy(Vec<GreedyRow>),
+}
+
 /// Runs the forward pass of a validated `batch` and returns its logits rows.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     dev: &mut dyn Device,
+    k: &Kernels,
     d: Dims,
     t: DType,
     w: &DeviceWeights,
@@ -360,10 +431,31 @@ pub fn run(
     s: &mut Scratch,
     batch: &ForwardBatch,
 ) -> Result<Logits, GpuError> {
+    match run_to(dev, k, d, t, w, kv, s, batch, Output::Logits)? {
+        StepOut::Logits(l) => Ok(l),
+        StepOut::Greedy(_) => Err(GpuError::Device(
+            "greedy rows where logits were asked".into(),
+        )),
+    }
+}
+
+/// Runs the forward pass of a validated `batch` and returns `out`.
+#[allow(clippy::too_many_arguments)]
+pub fn run_to(
+    dev: &mut dyn Device,
+    k: &Kernels,
+    d: Dims,
+    t: DType,
+    w: &DeviceWeights,
+    kv: &KvPools,
+    s: &mut Scratch,
+    batch: &ForwardBatch,
+    out: Output,
+) -> Result<StepOut, GpuError> {
     let n = batch.token_ids.len();
     let m = upload_meta(dev, s, batch, kv.geometry().block_size)?;
     let a = activations(dev, s, d, n, t)?;
-    let mut l = Launcher { dev, t };
+    let mut l = Launcher { dev, t, k };
     // SAFETY: buffers were sized above for `n` tokens (`activations`,
     // `upload_meta`) and the batch was validated (ids < vocab), so the gather
     // stays inside the embedding table and `x`.
@@ -373,10 +465,13 @@ pub fn run(
     }
     let r = batch.logits_rows.len();
     if r == 0 {
-        return Ok(Logits {
-            rows: 0,
-            vocab: d.vocab,
-            data: Vec::new(),
+        return Ok(match out {
+            Output::Logits => StepOut::Logits(Logits {
+                rows: 0,
+                vocab: d.vocab,
+                data: Vec::new(),
+            }),
+            Output::Greedy => StepOut::Greedy(Vec::new()),
         });
     }
     let sz = t.size();
@@ -403,13 +498,69 @@ pub fn run(
         l.rms_norm(&d, normed, rows, w.final_norm.ptr, r)?;
         l.dev.gemm(&g)?;
     }
-    let mut raw = vec![0u8; r * d.vocab * 4];
-    l.dev.download(logits, &mut raw)?;
-    Ok(Logits {
+    if out == Output::Greedy {
+        return greedy(l.dev, k, s, logits, r, d.vocab).map(StepOut::Greedy);
+    }
+    // Straight into the f32 rows (one allocation, no decode pass).
+    let mut data = vec![0f32; r * d.vocab];
+    l.dev.download(logits, f32_bytes(&mut data))?;
+    if cfg!(target_endian = "big") {
+        data.iter_mut()
+            .for_each(|v| *v = f32::from_bits(u32::from_le(v.to_bits())));
+    }
+    Ok(StepOut::Logits(Logits {
         rows: r,
         vocab: d.vocab,
-        data: DType::F32.decode(&raw),
-    })
+        data,
+    }))
+}
+
+/// Reduces `r` logits rows on the device to `(argmax, max, sum exp)` and
+/// downloads those 12 bytes per row. The argmax's logit is `max` and
+/// logsumexp is `max + ln(sum)`, so its logprob is `-ln(sum)` (the CPU
+/// sampler's definition). One launch, one download (the step's one wait).
+fn greedy(
+    dev: &mut dyn Device,
+    k: &Kernels,
+    s: &mut Scratch,
+    logits: DevPtr,
+    r: usize,
+    vocab: usize,
+) -> Result<Vec<GreedyRow>, GpuError> {
+    let buf = ensure(dev, &mut s.greedy, r * 12)?;
+    let cfg = geom::per_row(r as u32, dev.threads(ThreadsFor::Rows));
+    let args = [buf.arg(), logits.arg(), u(vocab)];
+    // SAFETY: `logits` holds `r` rows of `vocab` f32 (written by the LM-head
+    // GEMM above); `buf` holds `r * 3` f32; one block per row.
+    unsafe { dev.launch(k.greedy_rows, cfg, &args) }?;
+    s.greedy_host.resize(r * 12, 0);
+    dev.download(buf, &mut s.greedy_host)?;
+    Ok(s.greedy_host
+        .chunks_exact(12)
+        .map(|c| {
+            let f = |i: usize| f32::from_le_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
+            let (idx, sum) = (f(0), f(8));
+            if idx < 0.0 {
+                // Only NaN in the row: the CPU sampler's answer.
+                GreedyRow {
+                    token: 0,
+                    logprob: f32::NAN,
+                }
+            } else {
+                GreedyRow {
+                    token: idx as u32,
+                    logprob: -sum.ln(),
+                }
+            }
+        })
+        .collect())
+}
+
+/// The bytes of `v` (the device's little-endian f32s land in them).
+fn f32_bytes(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: `v` is a live, exclusively borrowed slice of `4 * len` bytes;
+    // u8 has alignment 1 and every byte pattern is a valid f32 and u8.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 /// Decoder layer `li` over the batch, in place on the residual stream `a.x`.
@@ -429,6 +580,13 @@ fn layer(
     let (h, hd, qd, kvd, sz) = (d.hidden, d.head_dim, d.q_dim(), d.kv_dim(), l.t.size());
     let lw = &w.layers[li];
     let (kc, vc) = (kv.layer_ptr(li, 0), kv.layer_ptr(li, 1));
+    // Qwen2's q/k/v biases: the bias row is broadcast into q, k and v (a
+    // gather with every row id 0; the buffer is zeroed at allocation and never
+    // written), then the projections accumulate onto it.
+    let bias = match &lw.qkv_bias {
+        Some(b) => Some((b.ptr, ensure(l.dev, &mut s.zeros, 4 * n)?)),
+        None => None,
+    };
     let rows = l.rows(n);
     let rotary = [
         m.positions.arg(),
@@ -459,17 +617,23 @@ fn layer(
     // `# Safety` sections describe is in bounds.
     unsafe {
         l.rms_norm(d, a.h, a.x, lw.attn_norm.ptr, n)?;
-        l.gemm((n, qd, h), a.h, lw.qkv.ptr, a.q, false)?;
-        l.gemm((n, kvd, h), a.h, lw.qkv.ptr.offset(qd * h * sz), a.k, false)?;
+        if let Some((b, zeros)) = bias {
+            l.gather(a.q, zeros, b, n, qd)?;
+            l.gather(a.k, zeros, b.offset(qd * sz), n, kvd)?;
+            l.gather(a.v, zeros, b.offset((qd + kvd) * sz), n, kvd)?;
+        }
+        let acc = bias.is_some();
+        l.gemm((n, qd, h), a.h, lw.qkv.ptr, a.q, acc)?;
+        l.gemm((n, kvd, h), a.h, lw.qkv.ptr.offset(qd * h * sz), a.k, acc)?;
         l.gemm(
             (n, kvd, h),
             a.h,
             lw.qkv.ptr.offset((qd + kvd) * h * sz),
             a.v,
-            false,
+            acc,
         )?;
-        l.run("rotary_embedding", None, rows, &rotary)?;
-        l.run("reshape_and_cache", None, rows, &cache)?;
+        l.run(l.k.rotary, rows, &rotary)?;
+        l.run(l.k.cache, rows, &cache)?;
         attention(
             l,
             s,
@@ -486,8 +650,7 @@ fn layer(
         l.rms_norm(d, a.h, a.x, lw.ffn_norm.ptr, n)?;
         l.gemm((n, 2 * d.inter, h), a.h, lw.gate_up.ptr, a.gate_up, false)?;
         l.run(
-            "silu_and_mul",
-            None,
+            l.k.silu_and_mul,
             rows,
             &[a.act.arg(), a.gate_up.arg(), u(d.inter)],
         )?;
@@ -518,74 +681,104 @@ unsafe fn attention(
     let scale = KernelArg::F32(1.0 / (hd as f32).sqrt());
     let threads = l.dev.threads(ThreadsFor::Attention);
     let common = [kc.arg(), vc.arg(), m.tables.arg(), m.context_lens.arg()];
-    let partitions = m.max_context.div_ceil(PARTITION).max(1);
     if m.all_decode {
-        let single = m.max_context <= V1_MAX_CONTEXT && (partitions == 1 || seqs * d.heads > 512);
-        if single {
-            let cfg = geom::paged_attention_v1(
-                seqs as u32,
-                d.heads as u32,
-                m.max_context as u32,
-                threads,
-            );
-            let mut args = vec![out.arg(), q.arg()];
-            args.extend(common);
-            args.extend([u(d.kv_heads), scale, u(bs), u(m.max_blocks)]);
-            // SAFETY: forwarded to the caller; shared memory sized for the longest context.
-            return unsafe { l.run("paged_attention_v1", Some(hd), cfg, &args) };
-        }
-        let slots = seqs * d.heads * partitions;
+        let plan = geom::plan_decode(geom::DecodeShape {
+            num_seqs: seqs as u32,
+            num_heads: d.heads as u32,
+            num_kv_heads: d.kv_heads as u32,
+            head_dim: hd as u32,
+            max_context_len: m.max_context as u32,
+            total_context_len: m.total_context as u64,
+            block_size: bs as u32,
+            sm_count: l.dev.sm_count(),
+            threads,
+        });
+        let [kc, vc, tables, lens] = common;
+        let (cfg, reduce, partition_size, max_partitions) = match plan {
+            geom::DecodePlan::V1(cfg) => {
+                let args = [
+                    out.arg(),
+                    q.arg(),
+                    kc,
+                    vc,
+                    tables,
+                    lens,
+                    u(d.heads),
+                    u(d.kv_heads),
+                    scale,
+                    u(bs),
+                    u(m.max_blocks),
+                ];
+                // SAFETY: forwarded to the caller; the plan's geometry and
+                // shared memory are the kernel's (no context-length limit).
+                return unsafe { l.run(l.k.paged_v1, cfg, &args) };
+            }
+            geom::DecodePlan::V2 {
+                attention,
+                reduce,
+                partition_size,
+                max_partitions,
+            } => (
+                attention,
+                reduce,
+                partition_size as usize,
+                max_partitions as usize,
+            ),
+        };
+        let slots = seqs * d.heads * max_partitions;
         let tmp = ensure(l.dev, &mut s.split_out, slots * hd * 4)?;
         let maxl = ensure(l.dev, &mut s.split_max, slots * 4)?;
         let sums = ensure(l.dev, &mut s.split_sum, slots * 4)?;
-        let cfg = geom::paged_attention_v2(
-            seqs as u32,
-            d.heads as u32,
-            m.max_context as u32,
-            PARTITION as u32,
-            threads,
-        );
-        let mut args = vec![tmp.arg(), maxl.arg(), sums.arg(), q.arg()];
-        args.extend(common);
-        args.extend([u(d.kv_heads), scale, u(bs), u(m.max_blocks), u(PARTITION)]);
-        // SAFETY: forwarded; scratch sized for `partitions` partitions per (seq, head).
-        unsafe { l.run("paged_attention_v2", Some(hd), cfg, &args) }?;
-        let cfg = geom::paged_attention_v2_reduce(seqs as u32, d.heads as u32, threads);
+        let args = [
+            tmp.arg(),
+            maxl.arg(),
+            sums.arg(),
+            q.arg(),
+            kc,
+            vc,
+            tables,
+            lens,
+            u(d.heads),
+            u(d.kv_heads),
+            scale,
+            u(bs),
+            u(m.max_blocks),
+            u(partition_size),
+        ];
+        // SAFETY: forwarded; scratch sized for `max_partitions` partitions per
+        // (seq, head), as the plan's grid writes.
+        unsafe { l.run(l.k.paged_v2, cfg, &args) }?;
         let args = [
             out.arg(),
             tmp.arg(),
             maxl.arg(),
             sums.arg(),
             m.context_lens.arg(),
-            u(PARTITION),
-            u(partitions),
+            u(partition_size),
+            u(max_partitions),
         ];
         // SAFETY: as above, reading what v2 wrote.
-        return unsafe { l.run("paged_attention_v2_reduce", Some(hd), cfg, &args) };
-    }
-    let limit = l.dev.max_shared_bytes();
-    if 4 * m.max_context > limit {
-        return Err(GpuError::Unsupported(format!(
-            "prefill attention keeps a context's logits in shared memory: a context of {} tokens \
-             is over this device's limit of {} tokens",
-            m.max_context,
-            limit / 4
-        )));
+        return unsafe { l.run(l.k.paged_v2_reduce, reduce, &args) };
     }
     let cfg = geom::prefill_attention(n as u32, d.heads as u32, m.max_context as u32, threads);
-    let mut args = vec![out.arg(), q.arg()];
-    args.extend(common);
-    args.extend([
+    let [kc, vc, tables, lens] = common;
+    let args = [
+        out.arg(),
+        q.arg(),
+        kc,
+        vc,
+        tables,
+        lens,
         m.query_start.arg(),
         u(seqs),
         u(d.kv_heads),
         scale,
         u(bs),
         u(m.max_blocks),
-    ]);
+    ];
     // SAFETY: forwarded; query_start_loc has `seqs + 1` entries from 0, each
     // span's query is its last tokens (validated).
-    unsafe { l.run("prefill_attention", Some(hd), cfg, &args) }
+    unsafe { l.run(l.k.prefill, cfg, &args) }
 }
 
 /// A one-sequence prefill of `tokens` tokens over blocks `0..` (the profile run).

@@ -4,8 +4,12 @@
 //! - [`device`]: the [`Device`] trait (memory, copies, launches by name, GEMM).
 //! - [`emu`]: [`EmuDevice`], the device on the host emulator (always built;
 //!   tests the orchestration everywhere).
+//! - [`counting`]: [`CountingDevice`], records launches and copies and
+//!   computes nothing (the host-side benchmark `benches/gpu_host.rs`).
 //! - `cuda` (feature `cuda`): `CudaDevice` on cudarc with dynamic loading,
 //!   the PTX from `cargo xtask build-ptx`, cuBLAS GEMMs.
+//! - [`cublas_path`]: finding cuBLAS 12 or 13 (wheel folders included) before
+//!   cudarc's bare-name `dlopen`.
 //! - [`weights`]: weights converted to the executor's dtype and uploaded once.
 //! - [`forward`]: one step's forward pass (metadata upload, per-layer kernels).
 //! - [`blocks`]: the KV pools and the block operations (swap out, swap in,
@@ -19,6 +23,8 @@
 //! pass that needs them (the swap stream is fenced before compute).
 
 pub mod blocks;
+pub mod counting;
+pub mod cublas_path;
 pub mod device;
 pub mod emu;
 pub mod forward;
@@ -27,13 +33,15 @@ pub mod weights;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
+pub use counting::{Counters, CountersHandle, CountingDevice};
 pub use device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
 pub use emu::EmuDevice;
 
-use super::{BlockOps, ExecError, Executor, ForwardBatch, Logits};
-use crate::model::LlamaModel;
+use super::{
+    BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, HostModel, KvGeometry, Logits,
+};
 use blocks::KvPools;
-use forward::{Dims, Scratch};
+use forward::{Dims, Kernels, Scratch};
 use thiserror::Error;
 use weights::DeviceWeights;
 
@@ -99,18 +107,31 @@ pub struct GpuExecutor<D: Device> {
     weights: DeviceWeights,
     kv: KvPools,
     scratch: Scratch,
+    kernels: Kernels,
 }
 
 impl<D: Device> GpuExecutor<D> {
     /// Uploads `model` to `dev` and sizes the KV pools. The caller may drop
     /// `model` afterwards (the device holds its own copy).
-    pub fn new(mut dev: D, model: &LlamaModel, opts: GpuOptions) -> Result<Self, GpuError> {
-        let dims = Dims::of(model)?;
+    pub fn new<M: HostModel + ?Sized>(
+        mut dev: D,
+        model: &M,
+        opts: GpuOptions,
+    ) -> Result<Self, GpuError> {
+        let host = model.host_weights();
+        if let model_loader::Architecture::Gemma3(_) = host.config.architecture {
+            return Err(GpuError::Unsupported(
+                "the gemma3 architecture (sliding window, q/k norms, post-norms) is not implemented on the GPU executor; use --device cpu".into(),
+            ));
+        }
+        let dims = Dims::of(&host)?;
         if opts.block_size == 0 {
             return Err(GpuError::Unsupported("block_size must be positive".into()));
         }
-        let weights = DeviceWeights::upload(&mut dev, model, opts.dtype)?;
-        let geom = |blocks| model.kv_geometry(blocks, opts.block_size);
+        let weights = DeviceWeights::upload(&mut dev, &host, opts.dtype)?;
+        let kernels = Kernels::resolve(&mut dev, opts.dtype, dims.head_dim)?;
+        let config = host.config;
+        let geom = |blocks| KvGeometry::for_model(config, blocks, opts.block_size);
         let (gpu_blocks, cpu_blocks) = match opts.kv {
             KvSizing::Blocks { gpu, cpu } => (gpu, cpu),
             KvSizing::Utilization {
@@ -121,6 +142,7 @@ impl<D: Device> GpuExecutor<D> {
                 let per_block = KvPools::bytes_per_block(&geom(1), opts.dtype);
                 let profiled = profile_free_bytes(
                     &mut dev,
+                    &kernels,
                     dims,
                     &weights,
                     opts,
@@ -151,6 +173,7 @@ impl<D: Device> GpuExecutor<D> {
             weights,
             kv,
             scratch: Scratch::default(),
+            kernels,
         })
     }
 
@@ -181,20 +204,31 @@ impl<D: Device> GpuExecutor<D> {
 /// Free device bytes after a forward pass of `tokens` tokens on a temporary
 /// pool just big enough for it (weights, workspace and library workspaces are
 /// then all allocated, as vLLM's profile run does).
+#[allow(clippy::too_many_arguments)]
 fn profile_free_bytes<D: Device>(
     dev: &mut D,
+    kernels: &Kernels,
     dims: Dims,
     weights: &DeviceWeights,
     opts: GpuOptions,
     tokens: usize,
-    geom: impl Fn(usize) -> crate::model::KvGeometry,
+    geom: impl Fn(usize) -> KvGeometry,
 ) -> Result<(usize, usize), GpuError> {
     let tokens = tokens.max(1);
     let blocks = tokens.div_ceil(opts.block_size);
     let pool = KvPools::new(dev, geom(blocks), 0, opts.dtype)?;
     let batch = forward::profile_batch(tokens, opts.block_size);
     let mut scratch = Scratch::default();
-    let run = forward::run(dev, dims, opts.dtype, weights, &pool, &mut scratch, &batch);
+    let run = forward::run(
+        dev,
+        kernels,
+        dims,
+        opts.dtype,
+        weights,
+        &pool,
+        &mut scratch,
+        &batch,
+    );
     let info = dev.mem_info();
     scratch.release(dev)?;
     pool.release(dev)?;
@@ -232,31 +266,66 @@ fn blocks_for_fraction(
     Ok(blocks)
 }
 
-impl<D: Device> Executor for GpuExecutor<D> {
-    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
+impl<D: Device> GpuExecutor<D> {
+    /// Block operations, validation, then the forward pass returning `out`.
+    fn step(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        out: forward::Output,
+    ) -> Result<forward::StepOut, ExecError> {
         self.kv.apply(&mut self.dev, ops)?;
         if batch.token_ids.is_empty() && batch.logits_rows.is_empty() {
-            return Ok(Logits {
-                rows: 0,
-                vocab: self.dims.vocab,
-                data: Vec::new(),
+            return Ok(match out {
+                forward::Output::Logits => forward::StepOut::Logits(Logits {
+                    rows: 0,
+                    vocab: self.dims.vocab,
+                    data: Vec::new(),
+                }),
+                forward::Output::Greedy => forward::StepOut::Greedy(Vec::new()),
             });
         }
-        crate::model::batch::validate(
+        super::validate_batch(
             batch,
             &self.kv.geometry(),
             self.dims.vocab,
             self.dims.max_positions,
         )?;
-        Ok(forward::run(
+        Ok(forward::run_to(
             &mut self.dev,
+            &self.kernels,
             self.dims,
             self.dtype,
             &self.weights,
             &self.kv,
             &mut self.scratch,
             batch,
+            out,
         )?)
+    }
+}
+
+impl<D: Device> Executor for GpuExecutor<D> {
+    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
+        match self.step(ops, batch, forward::Output::Logits)? {
+            forward::StepOut::Logits(l) => Ok(l),
+            forward::StepOut::Greedy(_) => Err(ExecError::Device(
+                "greedy rows where logits were asked".into(),
+            )),
+        }
+    }
+
+    fn execute_greedy(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+    ) -> Result<Option<Vec<GreedyRow>>, ExecError> {
+        match self.step(ops, batch, forward::Output::Greedy)? {
+            forward::StepOut::Greedy(rows) => Ok(Some(rows)),
+            forward::StepOut::Logits(_) => Err(ExecError::Device(
+                "logits where greedy rows were asked".into(),
+            )),
+        }
     }
 
     fn vocab_size(&self) -> usize {

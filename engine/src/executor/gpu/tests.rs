@@ -28,7 +28,10 @@ fn config(head_dim: usize) -> ModelConfig {
 }
 
 fn pair(head_dim: usize, dtype: DType) -> (CpuExecutor, GpuExecutor<EmuDevice>) {
-    let c = config(head_dim);
+    pair_of(config(head_dim), dtype)
+}
+
+fn pair_of(c: ModelConfig, dtype: DType) -> (CpuExecutor, GpuExecutor<EmuDevice>) {
     let model = LlamaModel::new(c.clone(), random_weights(&c, 11)).expect("model");
     let opts = GpuOptions {
         dtype,
@@ -130,8 +133,12 @@ fn pools_equal(cpu: &CpuExecutor, gpu: &mut GpuExecutor<EmuDevice>, tol: f32, bl
 /// Prefill of two sequences, chunked prefill of one over its cached prefix,
 /// decode of all (v1), and a mixed batch, with f32 and bf16 storage.
 fn mixed_steps(head_dim: usize, dtype: DType) -> Vec<(f32, f32)> {
-    let (mut cpu, mut gpu) = pair(head_dim, dtype);
-    let v = config(head_dim).vocab_size;
+    mixed_steps_of(config(head_dim), dtype)
+}
+
+fn mixed_steps_of(c: ModelConfig, dtype: DType) -> Vec<(f32, f32)> {
+    let v = c.vocab_size;
+    let (mut cpu, mut gpu) = pair_of(c, dtype);
     let none = BlockOps::default();
     let (ta, tb, tc) = (table(8, 1), table(8, 2), table(8, 3));
     let (a, b, c) = (ids(9, 1, v), ids(13, 2, v), ids(11, 3, v));
@@ -245,6 +252,16 @@ fn f32_matches_the_cpu_executor_on_mixed_steps() {
                 "head_dim {hd} step {i}: logits differ by {diff}"
             );
         }
+    }
+}
+
+#[test]
+fn qwen2_qkv_biases_match_the_cpu_executor() {
+    // The tiny config with attention biases (random, non-zero) on q, k and v.
+    let c = tiny_config(true, None);
+    for (i, (diff, scale)) in mixed_steps_of(c, DType::F32).into_iter().enumerate() {
+        assert!(scale > 0.5, "degenerate logits");
+        assert!(diff < 1e-3, "step {i}: logits differ by {diff}");
     }
 }
 
@@ -431,12 +448,6 @@ fn unsupported_models_and_sizes_are_typed_errors() {
         GpuExecutor::new(EmuDevice::new(), &m, opts),
         Err(GpuError::Unsupported(_))
     ));
-    let c = tiny_config(true, None);
-    let m = LlamaModel::new(c.clone(), random_weights(&c, 1)).expect("model");
-    let e = GpuExecutor::new(EmuDevice::new(), &m, opts)
-        .err()
-        .expect("refused");
-    assert!(e.to_string().contains("bias"), "{e}");
     let c = config(16);
     let m = LlamaModel::new(c.clone(), random_weights(&c, 1)).expect("model");
     let util = GpuOptions {
@@ -466,4 +477,90 @@ fn utilization_sizing_follows_vllms_formula() {
         Err(GpuError::OutOfMemory(_))
     ));
     assert!(blocks_for_fraction((70 * gib, 80 * gib), 1.5, gib).is_err());
+}
+
+#[test]
+fn greedy_rows_on_the_device_equal_the_cpu_sampler() {
+    use crate::sampler::Sampler;
+    let (mut cpu, mut gpu) = pair(64, DType::F32);
+    let v = config(64).vocab_size;
+    let (ta, tb) = (table(8, 1), table(8, 2));
+    let (a, b) = (ids(9, 1, v), ids(13, 2, v));
+    let b = batch(&[
+        Part {
+            ids: &a,
+            past: 0,
+            table: &ta,
+            want: &[0, 4, 8],
+        },
+        Part {
+            ids: &b,
+            past: 0,
+            table: &tb,
+            want: &[12],
+        },
+    ]);
+    let none = BlockOps::default();
+    let logits = cpu.execute(&none, &b).expect("cpu step");
+    let rows = gpu
+        .execute_greedy(&none, &b)
+        .expect("gpu step")
+        .expect("the GPU executor reduces greedy rows");
+    assert_eq!(rows.len(), 4);
+    for (i, r) in rows.iter().enumerate() {
+        let want = Sampler.greedy(logits.row(i));
+        assert_eq!(r.token, want.token, "row {i}");
+        assert!(
+            (r.logprob - want.logprob).abs() < 1e-3,
+            "row {i}: logprob {} vs {}",
+            r.logprob,
+            want.logprob
+        );
+    }
+    // The CPU executor has no device path: it says so and runs nothing.
+    assert!(cpu.execute_greedy(&none, &b).expect("cpu").is_none());
+}
+
+#[test]
+fn a_greedy_step_downloads_twelve_bytes_per_row_not_the_vocabulary() {
+    use super::CountingDevice;
+    let c = config(64);
+    let model = LlamaModel::new(c.clone(), random_weights(&c, 3)).expect("model");
+    let opts = GpuOptions {
+        dtype: DType::Bf16,
+        block_size: BS,
+        kv: KvSizing::Blocks {
+            gpu: BLOCKS,
+            cpu: 0,
+        },
+    };
+    let dev = CountingDevice::new(1 << 30);
+    let counters = dev.counters();
+    let mut gpu = GpuExecutor::new(dev, &model, opts).expect("gpu executor");
+    let parts: Vec<(Vec<u32>, Vec<BlockId>)> = (0..5)
+        .map(|s| (vec![(s * 7) as u32 + 1], table(2, s as u32)))
+        .collect();
+    let b = batch(
+        &parts
+            .iter()
+            .map(|(ids, t)| Part {
+                ids,
+                past: 4,
+                table: t,
+                want: &[0],
+            })
+            .collect::<Vec<_>>(),
+    );
+    let none = BlockOps::default();
+    let before = counters.get();
+    gpu.execute_greedy(&none, &b).expect("greedy step");
+    let greedy = counters.get().since(&before);
+    assert_eq!((greedy.downloads, greedy.download_bytes), (1, 5 * 12));
+    let before = counters.get();
+    gpu.execute(&none, &b).expect("logits step");
+    let full = counters.get().since(&before);
+    assert_eq!(full.download_bytes, (5 * c.vocab_size * 4) as u64);
+    // The greedy step is the logits step plus one reduction launch.
+    assert_eq!(greedy.launches, full.launches + 1);
+    assert_eq!(greedy.gemms, full.gemms);
 }

@@ -1,17 +1,20 @@
-//! Model weights on the device: converted once from [`LlamaModel`]'s f32
+//! Model weights on the device: converted once from a [`HostModel`]'s f32
 //! matrices to the executor's [`DType`] and uploaded, one allocation per
 //! tensor. Layouts are unchanged (`[out, in]` row-major; q/k/v and gate/up
-//! fused), so a projection's GEMM reads a row range of the fused matrix.
+//! fused), so the fused q/k/v projection is one GEMM.
 
 use super::device::{DType, DevBuf, DevPtr, Device};
 use super::GpuError;
-use crate::model::LlamaModel;
+use crate::executor::HostWeights;
 
 /// One decoder layer on the device.
 pub struct LayerWeights {
     pub attn_norm: DevBuf,
     /// `[q + 2 kv, hidden]`.
     pub qkv: DevBuf,
+    /// Qwen2's q/k/v biases, `[q + 2 kv]`, broadcast into the projection's
+    /// output before the GEMM accumulates onto it.
+    pub qkv_bias: Option<DevBuf>,
     pub o: DevBuf,
     pub ffn_norm: DevBuf,
     /// `[2 * intermediate, hidden]`, gate rows then up rows.
@@ -38,17 +41,11 @@ impl DeviceWeights {
         self.lm_head.as_ref().unwrap_or(&self.embedding).ptr
     }
 
-    /// Converts and uploads `model`'s weights. Refuses what the GPU forward
-    /// pass does not implement (q/k/v biases) with [`GpuError::Unsupported`].
-    /// O(parameters).
-    pub fn upload(dev: &mut dyn Device, model: &LlamaModel, t: DType) -> Result<Self, GpuError> {
-        let f32_model = model.to_f32();
-        let w = f32_model.weights();
-        if w.layers.iter().any(|l| l.qkv_bias.is_some()) {
-            return Err(GpuError::Unsupported(
-                "q/k/v projection biases (Qwen2) are not implemented on the GPU executor; use --device cpu".into(),
-            ));
-        }
+    /// Converts and uploads the weights. Refuses matrices of the wrong size
+    /// (a quantized model must go through `LlamaModel::to_f32` first) with
+    /// [`GpuError::Unsupported`]. O(parameters).
+    pub fn upload(dev: &mut dyn Device, w: &HostWeights<'_>, t: DType) -> Result<Self, GpuError> {
+        check_sizes(w)?;
         let mut bytes = 0;
         let mut put = |dev: &mut dyn Device, v: &[f32], t: DType| -> Result<DevBuf, GpuError> {
             let data = t.encode(v);
@@ -62,6 +59,7 @@ impl DeviceWeights {
             layers.push(LayerWeights {
                 attn_norm: put(dev, l.attn_norm, t)?,
                 qkv: put(dev, l.qkv, t)?,
+                qkv_bias: l.qkv_bias.map(|b| put(dev, b, t)).transpose()?,
                 o: put(dev, l.o, t)?,
                 ffn_norm: put(dev, l.ffn_norm, t)?,
                 gate_up: put(dev, l.gate_up, t)?,
@@ -76,7 +74,7 @@ impl DeviceWeights {
             Some(put(dev, w.lm_head, t)?)
         };
         let final_norm = put(dev, w.final_norm, t)?;
-        let cos_sin = put(dev, &w.rope.cos_sin_cache(), DType::F32)?;
+        let cos_sin = put(dev, &w.cos_sin, DType::F32)?;
         Ok(Self {
             embedding,
             lm_head,
@@ -86,4 +84,29 @@ impl DeviceWeights {
             bytes,
         })
     }
+}
+
+/// Every matrix of `w` holds the f32 count its shape needs.
+fn check_sizes(w: &HostWeights<'_>) -> Result<(), GpuError> {
+    let c = w.config;
+    let (h, hd, ff, v) = (c.hidden_size, c.head_dim, c.intermediate_size, c.vocab_size);
+    let (q, kv) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+    let check = |name: String, got: usize, want: usize| {
+        if got == want {
+            Ok(())
+        } else {
+            Err(GpuError::Unsupported(format!(
+                "weight {name}: {got} f32 values, expected {want} (quantized matrices must be dequantized before the upload)"
+            )))
+        }
+    };
+    check("embedding".into(), w.embedding.len(), v * h)?;
+    check("lm_head".into(), w.lm_head.len(), v * h)?;
+    for (i, l) in w.layers.iter().enumerate() {
+        check(format!("layers.{i}.qkv"), l.qkv.len(), (q + 2 * kv) * h)?;
+        check(format!("layers.{i}.o"), l.o.len(), h * q)?;
+        check(format!("layers.{i}.gate_up"), l.gate_up.len(), 2 * ff * h)?;
+        check(format!("layers.{i}.down"), l.down.len(), h * ff)?;
+    }
+    Ok(())
 }

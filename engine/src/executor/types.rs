@@ -1,0 +1,270 @@
+//! The executors' shared types, a leaf module: what the scheduler hands an
+//! executor ([`ForwardBatch`], [`BlockOps`]), what comes back ([`Logits`],
+//! [`ExecError`]), the KV pool's shape ([`KvGeometry`]) and the batch
+//! validation both executors run before anything touches memory
+//! ([`validate_batch`]), plus [`HostModel`], the view of a model's weights the
+//! GPU executor uploads. It imports nothing from the CPU model or from either
+//! executor, so `model -> executor::types <- executor::{cpu, gpu}` has no cycle.
+//!
+//! Invariants: after [`validate_batch`] succeeds the forward pass may index
+//! without further checks: lengths agree, every token id is in the vocabulary,
+//! every position has a rotary entry, each sequence's tokens sit at positions
+//! `context_len - query_len ..context_len`, every block id the attention
+//! reads is inside the pool, and every K/V slot is the one the block table
+//! names for the token's position.
+//!
+//! Cost: [`validate_batch`] is O(tokens + block table entries); the rest are
+//! plain data.
+
+use crate::kv::{BlockCopy, BlockId};
+use model_loader::ModelConfig;
+use thiserror::Error;
+
+/// The tokens of one sequence in a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqSpan {
+    /// Number of this step's tokens for the sequence (prompt chunk or 1).
+    /// The sequence's tokens are consecutive in [`ForwardBatch::token_ids`].
+    pub query_len: usize,
+    /// Tokens in the KV cache for this sequence once this step's tokens are
+    /// written (cached prefix + this step's tokens).
+    pub context_len: usize,
+    /// Accelerator block table covering `context_len` tokens.
+    pub block_table: Vec<BlockId>,
+}
+
+/// One forward pass over sequences of different lengths (prefill chunks and
+/// decode tokens mixed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ForwardBatch {
+    /// All new tokens, sequence after sequence.
+    pub token_ids: Vec<u32>,
+    /// Position of each token in its sequence.
+    pub positions: Vec<usize>,
+    /// Slot (block * block_size + offset) where each token's K/V is written.
+    pub slot_mapping: Vec<usize>,
+    /// Per-sequence spans, in the order of `token_ids`.
+    pub seqs: Vec<SeqSpan>,
+    /// Rows of `token_ids` whose logits are wanted (usually each sequence's last).
+    pub logits_rows: Vec<usize>,
+}
+
+/// Block movements to perform before the forward pass, in this order:
+/// swap out, swap in, copy-on-write copies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockOps {
+    /// Accelerator -> CPU pool.
+    pub swap_out: Vec<BlockCopy>,
+    /// CPU pool -> accelerator.
+    pub swap_in: Vec<BlockCopy>,
+    /// Inside the accelerator pool.
+    pub copies: Vec<BlockCopy>,
+}
+
+impl BlockOps {
+    /// True when there is nothing to move.
+    pub fn is_empty(&self) -> bool {
+        self.swap_out.is_empty() && self.swap_in.is_empty() && self.copies.is_empty()
+    }
+}
+
+/// Logits for the rows asked for, row-major `[rows, vocab]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logits {
+    pub rows: usize,
+    pub vocab: usize,
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    /// The logits of one requested row.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+}
+
+/// One logits row reduced to its greedy choice on the device: the argmax
+/// (lowest id on ties, NaN never wins) and its log-softmax value, exactly as
+/// the CPU sampler's greedy path defines them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GreedyRow {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+/// Errors of an executor.
+#[derive(Debug, Error)]
+pub enum ExecError {
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    #[error("block {0:?} is outside the pool")]
+    BlockOutOfRange(BlockId),
+    /// The GPU executor's device failed or refused (see `gpu::GpuError`).
+    #[error("{0}")]
+    Device(String),
+}
+
+/// Shape of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvGeometry {
+    pub num_layers: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvGeometry {
+    /// The geometry for `config` with the given pool size.
+    pub fn for_model(config: &ModelConfig, num_blocks: usize, block_size: usize) -> Self {
+        Self {
+            num_layers: config.num_hidden_layers,
+            num_blocks,
+            block_size,
+            num_kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim,
+        }
+    }
+
+    /// f32 elements of one token's K (or V) in one layer.
+    pub fn token_elems(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// f32 elements of one block's K (or V) in one layer.
+    pub fn block_elems(&self) -> usize {
+        self.block_size * self.token_elems()
+    }
+
+    /// Bytes one block takes across all layers, K and V.
+    pub fn bytes_per_block(&self) -> usize {
+        2 * self.num_layers * self.block_elems() * std::mem::size_of::<f32>()
+    }
+
+    /// Total slots in the pool.
+    pub fn num_slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+}
+
+fn invalid(msg: String) -> ExecError {
+    ExecError::InvalidBatch(msg)
+}
+
+/// Checks `batch` against the pool geometry, vocabulary and rotary range.
+pub fn validate_batch(
+    batch: &ForwardBatch,
+    geom: &KvGeometry,
+    vocab: usize,
+    max_positions: usize,
+) -> Result<(), ExecError> {
+    let n = batch.token_ids.len();
+    if batch.positions.len() != n || batch.slot_mapping.len() != n {
+        return Err(invalid(format!(
+            "{n} tokens but {} positions and {} slots",
+            batch.positions.len(),
+            batch.slot_mapping.len()
+        )));
+    }
+    let total: usize = batch.seqs.iter().map(|s| s.query_len).sum();
+    if total != n {
+        return Err(invalid(format!(
+            "sequence spans cover {total} tokens, batch has {n}"
+        )));
+    }
+    if let Some(&id) = batch.token_ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(invalid(format!(
+            "token id {id} outside the vocabulary ({vocab})"
+        )));
+    }
+    if let Some(&r) = batch.logits_rows.iter().find(|&&r| r >= n) {
+        return Err(invalid(format!(
+            "logits row {r} outside the batch ({n} tokens)"
+        )));
+    }
+    let bs = geom.block_size;
+    let mut row = 0;
+    for (si, span) in batch.seqs.iter().enumerate() {
+        if span.query_len == 0 || span.context_len < span.query_len {
+            return Err(invalid(format!(
+                "sequence {si}: query_len {} with context_len {}",
+                span.query_len, span.context_len
+            )));
+        }
+        let needed = span.context_len.div_ceil(bs);
+        if span.block_table.len() < needed {
+            return Err(invalid(format!(
+                "sequence {si}: block table has {} blocks, context of {} tokens needs {needed}",
+                span.block_table.len(),
+                span.context_len
+            )));
+        }
+        if let Some(&b) = span.block_table[..needed]
+            .iter()
+            .find(|b| b.0 as usize >= geom.num_blocks)
+        {
+            return Err(ExecError::BlockOutOfRange(b));
+        }
+        let past = span.context_len - span.query_len;
+        for i in 0..span.query_len {
+            let t = row + i;
+            let pos = batch.positions[t];
+            if pos != past + i {
+                return Err(invalid(format!(
+                    "sequence {si}: token {i} at position {pos}, expected {}",
+                    past + i
+                )));
+            }
+            if pos >= max_positions {
+                return Err(invalid(format!(
+                    "position {pos} beyond the model's {max_positions}"
+                )));
+            }
+            let want = span.block_table[pos / bs].0 as usize * bs + pos % bs;
+            if batch.slot_mapping[t] != want {
+                return Err(invalid(format!(
+                    "sequence {si}: token {i} mapped to slot {}, its block table says {want}",
+                    batch.slot_mapping[t]
+                )));
+            }
+        }
+        row += span.query_len;
+    }
+    Ok(())
+}
+
+/// A model's f32 weights as the GPU executor reads them (layouts `[out, in]`
+/// row-major; q/k/v and gate/up fused). Borrowed from whoever owns the model.
+pub struct HostWeights<'a> {
+    pub config: &'a ModelConfig,
+    /// `[vocab, hidden]`.
+    pub embedding: &'a [f32],
+    pub final_norm: &'a [f32],
+    /// `[vocab, hidden]`; the same slice as `embedding` when tied.
+    pub lm_head: &'a [f32],
+    pub layers: Vec<HostLayer<'a>>,
+    /// Positions the rotary table covers.
+    pub max_positions: usize,
+    /// `f32[max_positions, head_dim]`: per position, the cosines then the sines.
+    pub cos_sin: Vec<f32>,
+}
+
+/// One decoder layer of [`HostWeights`].
+pub struct HostLayer<'a> {
+    pub attn_norm: &'a [f32],
+    /// `[q + 2 kv, hidden]`.
+    pub qkv: &'a [f32],
+    /// Qwen2's q/k/v biases, concatenated (`q + 2 kv`).
+    pub qkv_bias: Option<&'a [f32]>,
+    pub o: &'a [f32],
+    pub ffn_norm: &'a [f32],
+    /// `[2 * intermediate, hidden]`, gate rows then up rows.
+    pub gate_up: &'a [f32],
+    pub down: &'a [f32],
+}
+
+/// A model the GPU executor can upload.
+pub trait HostModel {
+    /// The weights, borrowed.
+    fn host_weights(&self) -> HostWeights<'_>;
+}
