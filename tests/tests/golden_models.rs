@@ -10,6 +10,11 @@
 //! A fifth Gemma prompt of 896 tokens (8 greedy ids) runs past the 512-token
 //! window of the local layers.
 //!
+//! The same greedy prompts also run on the quantized CPU path (the file's
+//! K-quant matrices kept quantized, `WeightTypes::File`): ids equal up to a
+//! near tie, logprobs not compared. The tests above load float32
+//! (`load_model`), as the reference does.
+//!
 //! Each test skips, printing why, when its model file is absent
 //! (`cargo xtask fetch-model --model qwen2.5-coder-0.5b` / `--model gemma-3-270m`).
 
@@ -203,4 +208,65 @@ fn gemma3_long_prompt_past_the_window_matches_transformers() {
         return;
     };
     check_greedy(&path, "gemma3_long_golden.json");
+}
+
+/// The quantized CPU path (`WeightTypes::File`: the K-quant matrices stay
+/// quantized, Gemma's q/k norms and Qwen2's biases are f32) against the same
+/// reference: greedy ids must equal it until the first step where the
+/// reference's top-2 margin is below `NEAR_TIE` nats (the same rule as
+/// float32). Logprobs are not
+/// compared (8-bit activations move them by more than `LOGPROB_TOL`).
+fn check_greedy_quantized(path: &std::path::Path, fixture: &str) {
+    let golden = load_golden(fixture);
+    let loaded =
+        model_loader::load_model_with(path, model_loader::WeightTypes::File).expect("load model");
+    let model = LlamaModel::new(loaded.config, loaded.weights).expect("build model");
+    assert!(model.is_quantized(), "File must keep the K-quant matrices");
+    let prompts: Vec<Vec<u32>> = golden.cases.iter().map(|c| c.prompt_ids.clone()).collect();
+    let mut exec = CpuExecutor::new(model, 64, 0, 16).expect("executor");
+    let ours = greedy_batch(&mut exec, &prompts, golden.new_tokens);
+    let mut failures = vec![];
+    for (case, got) in golden.cases.iter().zip(&ours) {
+        let diverged = case
+            .greedy_ids
+            .iter()
+            .zip(&got.ids)
+            .position(|(a, b)| a != b);
+        match diverged {
+            None => println!("{:?}: all ids equal", short(&case.text)),
+            Some(step) => {
+                let top = &case.top5_logprobs[step];
+                let margin = top[0].1 - top[1].1;
+                let line = format!(
+                    "{:?}: differs at step {step} (ours {}, reference {}), reference margin {margin:.4} nats",
+                    short(&case.text),
+                    got.ids[step],
+                    case.greedy_ids[step]
+                );
+                println!("{line}");
+                if margin >= NEAR_TIE {
+                    failures.push(line);
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn gemma3_quantized_greedy_follows_transformers() {
+    let Some(path) = model_path(model_loader::paths::GEMMA3_270M_FILE, "gemma-3-270m") else {
+        return;
+    };
+    check_greedy_quantized(&path, GEMMA_FIXTURE);
+    check_greedy_quantized(&path, "gemma3_long_golden.json");
+}
+
+#[test]
+fn qwen2_quantized_greedy_follows_transformers() {
+    let Some(path) = model_path(model_loader::paths::QWEN25_CODER_FILE, "qwen2.5-coder-0.5b")
+    else {
+        return;
+    };
+    check_greedy_quantized(&path, QWEN_FIXTURE);
 }
