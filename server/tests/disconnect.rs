@@ -133,6 +133,9 @@ fn overload_answers_429_and_the_server_recovers() {
     ]);
     let addr = srv.addr;
     let running = open_stream(addr, "First request");
+    // The first request must be running (not waiting) before the second
+    // arrives, or the second finds the one waiting place taken.
+    wait_for_metric(addr, "vllm:num_requests_running", 1.0);
     let waiting = open_stream(addr, "Second request");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -173,5 +176,18 @@ fn overload_answers_429_and_the_server_recovers() {
             "still overloaded after the clients left"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls `/metrics` until `name` reads `value` (30 s at most).
+fn wait_for_metric(addr: std::net::SocketAddr, name: &str, value: f64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = get(addr, "/metrics").body;
+        if metric(&body, name) == value {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} never reached {value}:\n{body}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
