@@ -187,7 +187,10 @@ fn wait_for_metric(addr: std::net::SocketAddr, name: &str, value: f64) {
         if metric(&body, name) == value {
             return;
         }
-        assert!(Instant::now() < deadline, "{name} never reached {value}:\n{body}");
+        assert!(
+            Instant::now() < deadline,
+            "{name} never reached {value}:\n{body}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
