@@ -85,28 +85,34 @@ pub unsafe fn copy_blocks<T: Storage>(
 
 /// Rotary embedding fused with the cache write, one launch instead of
 /// `rotary_embedding` + `reshape_and_cache`: for token `t` at position `positions[t]`,
-/// rotates its query heads in place (rotate-half form, as
-/// [`crate::elementwise::rotary_embedding`]) and writes its rotated key heads and its
-/// value heads to cache slot `slot_mapping[t]` (the source key is left unrotated: attention
-/// reads K from the cache).
+/// writes its rotated query heads (rotate-half form, as
+/// [`crate::elementwise::rotary_embedding`]) to row `t` of `query_out`, contiguous
+/// `[num_tokens, num_heads, head_dim]` (the layout the attention kernels read; `query_out
+/// == query` with `query_stride == num_heads * head_dim` rotates in place), and writes its
+/// rotated key heads and its value heads to cache slot `slot_mapping[t]` (the source key
+/// is left unrotated: attention reads K from the cache).
 ///
 /// Thread mapping: one block per token (grid x, [`crate::launch::per_row`]); thread `i`
 /// takes items `i, i + threads, ...` of `(num_heads + num_kv_heads) * rot_dim / 2`
-/// rotation pairs, then of the `num_kv_heads * head_dim` value elements and the key
-/// elements past `rot_dim` (consecutive threads, consecutive addresses). No shared memory.
+/// rotation pairs, then of the `num_kv_heads * head_dim` value elements, the key
+/// elements past `rot_dim` and the query elements past `rot_dim` (consecutive threads,
+/// consecutive addresses). No shared memory.
 /// Bytes per token: `2 * (num_heads + 2 * num_kv_heads) * head_dim * sizeof(T)` plus
 /// `4 * rot_dim` of cos/sin; the floor is those bytes over the copy bandwidth.
 /// `*_stride`: element distance between consecutive tokens (views into a fused QKV
 /// buffer allowed).
 ///
 /// # Safety
-/// `query`: `num_tokens` rows of `num_heads * head_dim` at `query_stride`; `key`, `value`:
-/// rows of `num_kv_heads * head_dim` at their strides, not overlapping `query`'s heads;
+/// `query`: `num_tokens` rows of `num_heads * head_dim` at `query_stride`; `query_out`:
+/// `num_tokens * num_heads * head_dim` elements, either exactly `query` (in place, stride
+/// `num_heads * head_dim`) or overlapping none of the inputs; `key`, `value`:
+/// rows of `num_kv_heads * head_dim` at their strides, not overlapping `query_out`;
 /// `positions[t] < max_position` of `cos_sin_cache` (`f32[max_position, rot_dim]`);
 /// `rot_dim` even and `<= head_dim`; slots in range of both caches and distinct.
 pub unsafe fn rotary_embedding_and_cache<T: Storage>(
     positions: *const u32,
-    query: *mut T,
+    query: *const T,
+    query_out: *mut T,
     key: *const T,
     value: *const T,
     k_cache: *mut T,
@@ -130,6 +136,7 @@ pub unsafe fn rotary_embedding_and_cache<T: Storage>(
         let cs = cos_sin_cache.add(*positions.add(t) as usize * rot_dim as usize);
         let slot = *slot_mapping.add(t) as usize;
         let q = query.add(t * query_stride as usize);
+        let qo = query_out.add(t * nq * hd);
         let k = key.add(t * key_stride as usize);
         let v = value.add(t * value_stride as usize);
         let (kc, vc) = (k_cache.add(slot * nk * hd), v_cache.add(slot * nk * hd));
@@ -138,10 +145,10 @@ pub unsafe fn rotary_embedding_and_cache<T: Storage>(
             let (h, j) = (i / half, i % half);
             let (c, s) = (*cs.add(j), *cs.add(half + j));
             if h < nq {
-                let x = q.add(h * hd);
+                let (x, y) = (q.add(h * hd), qo.add(h * hd));
                 let (x1, x2) = ((*x.add(j)).to_f32(), (*x.add(j + half)).to_f32());
-                *x.add(j) = T::from_f32(x1 * c - x2 * s);
-                *x.add(j + half) = T::from_f32(x2 * c + x1 * s);
+                *y.add(j) = T::from_f32(x1 * c - x2 * s);
+                *y.add(j + half) = T::from_f32(x2 * c + x1 * s);
             } else {
                 let h = h - nq;
                 let (x, y) = (k.add(h * hd), kc.add(h * hd));
@@ -156,6 +163,14 @@ pub unsafe fn rotary_embedding_and_cache<T: Storage>(
             *vc.add(i) = *v.add(i);
             if i % hd >= 2 * half {
                 *kc.add(i) = *k.add(i);
+            }
+            i += threads;
+        }
+        // The query elements past `rot_dim` (partial rotary) are copied as they are.
+        let mut i = thread_idx_x() as usize;
+        while i < nq * hd {
+            if i % hd >= 2 * half {
+                *qo.add(i) = *q.add(i);
             }
             i += threads;
         }

@@ -186,8 +186,8 @@ define_kernels! {
             num_kv_heads: u32, head_dim: u32, key_stride: u32, value_stride: u32)
         => crate::cache::reshape_and_cache::<T>;
     { reshape_and_cache_f32: f32, 0; reshape_and_cache_f16: f16, 0; reshape_and_cache_bf16: bf16, 0; }
-    family (positions: *const u32, query: *mut T, key: *const T, value: *const T, k_cache: *mut T,
-            v_cache: *mut T, slot_mapping: *const u32, cos_sin_cache: *const f32, num_heads: u32,
+    family (positions: *const u32, query: *const T, query_out: *mut T, key: *const T, value: *const T,
+            k_cache: *mut T, v_cache: *mut T, slot_mapping: *const u32, cos_sin_cache: *const f32, num_heads: u32,
             num_kv_heads: u32, head_dim: u32, rot_dim: u32, query_stride: u32, key_stride: u32,
             value_stride: u32)
         => crate::cache::rotary_embedding_and_cache::<T>;

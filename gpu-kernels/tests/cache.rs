@@ -166,14 +166,14 @@ fn rotary_cache_case<T: Storage>(name: &str) {
     let kc: Vec<T> = r.vec(num_blocks * bs * row, -2.0, 2.0);
     let vc: Vec<T> = r.vec(num_blocks * bs * row, -2.0, 2.0);
     let f = |v: &[T]| v.iter().map(|x| x.to_f32() as f64).collect::<Vec<f64>>();
-    let (mut want_q, mut want_k, mut want_v) = (f(&qkv), f(&kc), f(&vc));
+    let (mut want_q, mut want_k, mut want_v) = (vec![0f64; tokens * qw], f(&kc), f(&vc));
     for t in 0..tokens {
         let c = &cs[positions[t] as usize * rot..][..rot];
         let s = slots[t] as usize;
         for h in 0..heads {
             let o = t * stride + h * d;
             let y = rotate(&f(&qkv[o..o + d]), c, rot);
-            want_q[o..o + d].copy_from_slice(&y);
+            want_q[t * qw + h * d..][..d].copy_from_slice(&y);
         }
         for h in 0..kvh {
             let o = t * stride + qw + h * d;
@@ -183,8 +183,10 @@ fn rotary_cache_case<T: Storage>(name: &str) {
             want_v[s * row + h * d..][..d].copy_from_slice(&f(&qkv[ov..ov + d]));
         }
     }
-    let (mut qkv_o, mut kc_o, mut vc_o) = (qkv.clone(), kc.clone(), vc.clone());
-    let base = qkv_o.as_mut_ptr();
+    // Rotated q goes to a contiguous `[tokens, heads, d]` buffer (what attention reads).
+    let mut q_o: Vec<T> = r.vec(tokens * qw, -2.0, 2.0);
+    let (mut kc_o, mut vc_o) = (kc.clone(), vc.clone());
+    let (base, qo) = (qkv.as_ptr(), q_o.as_mut_ptr());
     let (pp, sp, cp, kcp, vcp) = (
         positions.as_ptr(),
         slots.as_ptr(),
@@ -192,14 +194,15 @@ fn rotary_cache_case<T: Storage>(name: &str) {
         kc_o.as_mut_ptr(),
         vc_o.as_mut_ptr(),
     );
-    // SAFETY: q, k, v are disjoint views of `qkv_o` at `stride`; slots distinct and in
-    // range; positions < max_pos.
+    // SAFETY: q, k, v are views of `qkv` at `stride`, read only; `q_o` holds `tokens`
+    // rows of `qw`; slots distinct and in range; positions < max_pos.
     unsafe {
-        let (kp, vp) = (base.add(qw) as *const T, base.add(qw + kw) as *const T);
+        let (kp, vp) = (base.add(qw), base.add(qw + kw));
         launch(geom::per_row(tokens as u32, THREADS), || {
             rotary_embedding_and_cache::<T>(
                 pp,
                 base,
+                qo,
                 kp,
                 vp,
                 kcp,
@@ -217,8 +220,8 @@ fn rotary_cache_case<T: Storage>(name: &str) {
         })
     };
     let what = format!("rotary+cache heads={heads}/{kvh} d={d} rot={rot} bs={bs}");
-    // The source key and value are left as they were; q is rotated in place.
-    assert_close(&format!("{what} q"), r.seed, &qkv_o, &want_q);
+    // The fused source buffer is only read.
+    assert_close(&format!("{what} q"), r.seed, &q_o, &want_q);
     assert_close(&format!("{what} k cache"), r.seed, &kc_o, &want_k);
     assert_close(&format!("{what} v cache"), r.seed, &vc_o, &want_v);
 }

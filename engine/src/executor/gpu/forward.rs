@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! x = embedding(ids)                                   (residual stream, dtype T)
-//! per layer: h = rms_norm(x); q, k, v = h Wq^T, h Wk^T, h Wv^T (rows of fused Wqkv)
-//!            rotary(q, k); reshape_and_cache(k, v -> slots)
+//! per layer: h = rms_norm(x); qkv = h Wqkv^T                (one GEMM, [tokens, q + 2 kv])
+//!            q = rotary(qkv.q); cache[slots] = rotary(qkv.k), qkv.v   (one launch)
 //!            a = attention(q, paged K/V)    decode: paged_attention v1 / v2+reduce
 //!                                           otherwise: prefill_attention (mixed batch)
 //!            x += a Wo^T; h = rms_norm(x); g = h Wgate_up^T; s = silu_and_mul(g); x += s Wdown^T
@@ -16,8 +16,28 @@
 //! starts, block tables, logits rows) go up in one upload from a reused host
 //! staging buffer; activations live in a [`Scratch`] that grows to the
 //! largest batch seen and is then reused. Kernels are resolved once into
-//! [`Kernels`]. Launches per step: 1 + 11 per layer + 3 (+ 3 per layer for
-//! q/k/v biases). Cost is dominated by the GEMMs, O(tokens x parameters).
+//! [`Kernels`].
+//!
+//! The q/k/v projection is one GEMM over the fused `[q + 2 kv, hidden]`
+//! weight into a `[tokens, q + 2 kv]` buffer (Qwen2's biases: the fused bias
+//! row `[bq | bk | bv]` is broadcast into it by one gather first, and the GEMM
+//! accumulates). One `rotary_embedding_and_cache` launch then reads q, k and v
+//! out of that buffer at its row stride, writes rotated K and V into the
+//! paged cache and rotated q into a separate contiguous `[tokens, heads,
+//! head_dim]` buffer. Why a copy of q rather than rotating it in place: the
+//! attention kernels (decode v1/v2, prefill) take no q row stride and read q
+//! as `[tokens, heads, head_dim]`; writing q out costs the same bytes as the
+//! in-place rotation (q is read and written once either way) and keeps the
+//! attention kernels' signatures as they are.
+//!
+//! Invariants: the `qkv` buffer is written only by the bias gather and the
+//! GEMM and read only by the fused rotary/cache launch; `q` is written only by
+//! that launch (all `q_dim` columns, rotated or copied past `rot_dim`).
+//!
+//! Cost: launches per step (GEMMs included) 1 + 9 per layer with v1 decode
+//! attention (10 with v2 + reduce) + 3, plus 1 per layer for q/k/v biases;
+//! GEMMs 4 per layer + 1. Cost is dominated by the GEMMs,
+//! O(tokens x parameters).
 
 use super::blocks::KvPools;
 use super::device::{DType, DevBuf, DevPtr, Device, Gemm, Kernel, ThreadsFor};
@@ -72,6 +92,11 @@ impl Dims {
     fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
     }
+
+    /// Width of the fused q/k/v projection.
+    fn qkv_dim(&self) -> usize {
+        self.q_dim() + 2 * self.kv_dim()
+    }
 }
 
 /// Every kernel the forward pass launches, resolved once at start for the
@@ -81,8 +106,8 @@ impl Dims {
 pub struct Kernels {
     embedding: Kernel,
     rms_norm: Kernel,
-    rotary: Kernel,
-    cache: Kernel,
+    /// `rotary_embedding_and_cache`: rotary of q and k fused with the K/V cache write.
+    rotary_cache: Kernel,
     silu_and_mul: Kernel,
     paged_v1: Kernel,
     paged_v2: Kernel,
@@ -96,19 +121,17 @@ impl Kernels {
     pub fn resolve(dev: &mut dyn Device, t: DType, head_dim: usize) -> Result<Self, GpuError> {
         let sfx = t.kernel_suffix();
         let mut plain = |f: &str| dev.kernel(&format!("{f}_{sfx}"));
-        let (embedding, rms_norm, rotary, cache, silu_and_mul) = (
+        let (embedding, rms_norm, rotary_cache, silu_and_mul) = (
             plain("embedding")?,
             plain("rms_norm")?,
-            plain("rotary_embedding")?,
-            plain("reshape_and_cache")?,
+            plain("rotary_embedding_and_cache")?,
             plain("silu_and_mul")?,
         );
         let mut head = |f: &str| dev.kernel(&format!("{f}_{sfx}_h{head_dim}"));
         Ok(Self {
             embedding,
             rms_norm,
-            rotary,
-            cache,
+            rotary_cache,
             silu_and_mul,
             paged_v1: head("paged_attention_v1")?,
             paged_v2: head("paged_attention_v2")?,
@@ -125,9 +148,10 @@ pub struct Scratch {
     meta: Option<DevBuf>,
     x: Option<DevBuf>,
     h: Option<DevBuf>,
+    /// `[tokens, q + 2 kv]`: the fused projection's output.
+    qkv: Option<DevBuf>,
+    /// `[tokens, heads, head_dim]`: rotated q, contiguous for attention.
     q: Option<DevBuf>,
-    k: Option<DevBuf>,
-    v: Option<DevBuf>,
     attn: Option<DevBuf>,
     gate_up: Option<DevBuf>,
     act: Option<DevBuf>,
@@ -155,9 +179,8 @@ impl Scratch {
             self.meta,
             self.x,
             self.h,
+            self.qkv,
             self.q,
-            self.k,
-            self.v,
             self.attn,
             self.gate_up,
             self.act,
@@ -271,9 +294,8 @@ fn upload_meta(
 struct Acts {
     x: DevPtr,
     h: DevPtr,
+    qkv: DevPtr,
     q: DevPtr,
-    k: DevPtr,
-    v: DevPtr,
     attn: DevPtr,
     gate_up: DevPtr,
     act: DevPtr,
@@ -290,9 +312,8 @@ fn activations(
     Ok(Acts {
         x: ensure(dev, &mut s.x, e * d.hidden)?,
         h: ensure(dev, &mut s.h, e * d.hidden)?,
+        qkv: ensure(dev, &mut s.qkv, e * d.qkv_dim())?,
         q: ensure(dev, &mut s.q, e * d.q_dim())?,
-        k: ensure(dev, &mut s.k, e * d.kv_dim())?,
-        v: ensure(dev, &mut s.v, e * d.kv_dim())?,
         attn: ensure(dev, &mut s.attn, e * d.q_dim())?,
         gate_up: ensure(dev, &mut s.gate_up, e * 2 * d.inter)?,
         act: ensure(dev, &mut s.act, e * d.inter)?,
@@ -578,62 +599,50 @@ fn layer(
 ) -> Result<(), GpuError> {
     let n = batch.token_ids.len();
     let (h, hd, qd, kvd, sz) = (d.hidden, d.head_dim, d.q_dim(), d.kv_dim(), l.t.size());
+    let qkvd = d.qkv_dim();
     let lw = &w.layers[li];
     let (kc, vc) = (kv.layer_ptr(li, 0), kv.layer_ptr(li, 1));
-    // Qwen2's q/k/v biases: the bias row is broadcast into q, k and v (a
-    // gather with every row id 0; the buffer is zeroed at allocation and never
-    // written), then the projections accumulate onto it.
+    // Qwen2's q/k/v biases: the fused bias row `[bq | bk | bv]` is broadcast
+    // into every row of `qkv` (a gather with every row id 0; the buffer is
+    // zeroed at allocation and never written), then the GEMM accumulates.
     let bias = match &lw.qkv_bias {
         Some(b) => Some((b.ptr, ensure(l.dev, &mut s.zeros, 4 * n)?)),
         None => None,
     };
     let rows = l.rows(n);
-    let rotary = [
+    let rotary_cache = [
         m.positions.arg(),
+        a.qkv.arg(),
         a.q.arg(),
-        a.k.arg(),
+        a.qkv.offset(qd * sz).arg(),
+        a.qkv.offset((qd + kvd) * sz).arg(),
+        kc.arg(),
+        vc.arg(),
+        m.slots.arg(),
         w.cos_sin.ptr.arg(),
         u(d.heads),
         u(d.kv_heads),
         u(hd),
         u(hd),
-    ];
-    let cache = [
-        a.k.arg(),
-        a.v.arg(),
-        kc.arg(),
-        vc.arg(),
-        m.slots.arg(),
-        u(d.kv_heads),
-        u(hd),
-        u(kvd),
-        u(kvd),
+        u(qkvd),
+        u(qkvd),
+        u(qkvd),
     ];
     // SAFETY: every activation buffer holds `n` rows of its width
     // (`activations`); the weights are `[out, in]` matrices of the model's
-    // dimensions (q, k, v are row ranges of the fused qkv matrix); the batch
-    // was validated (positions inside the rotary table, slots and block ids
-    // inside the pool, spans consistent), so every access the kernels'
-    // `# Safety` sections describe is in bounds.
+    // dimensions (`qkv` is `[q + 2 kv, hidden]`, its bias `[q + 2 kv]`); q, k
+    // and v are disjoint column ranges of `qkv` at stride `q + 2 kv`, and the
+    // rotated q goes to the separate `q` buffer; the batch was validated
+    // (positions inside the rotary table, slots distinct and inside the pool,
+    // block ids inside the pool, spans consistent), so every access the
+    // kernels' `# Safety` sections describe is in bounds.
     unsafe {
         l.rms_norm(d, a.h, a.x, lw.attn_norm.ptr, n)?;
         if let Some((b, zeros)) = bias {
-            l.gather(a.q, zeros, b, n, qd)?;
-            l.gather(a.k, zeros, b.offset(qd * sz), n, kvd)?;
-            l.gather(a.v, zeros, b.offset((qd + kvd) * sz), n, kvd)?;
+            l.gather(a.qkv, zeros, b, n, qkvd)?;
         }
-        let acc = bias.is_some();
-        l.gemm((n, qd, h), a.h, lw.qkv.ptr, a.q, acc)?;
-        l.gemm((n, kvd, h), a.h, lw.qkv.ptr.offset(qd * h * sz), a.k, acc)?;
-        l.gemm(
-            (n, kvd, h),
-            a.h,
-            lw.qkv.ptr.offset((qd + kvd) * h * sz),
-            a.v,
-            acc,
-        )?;
-        l.run(l.k.rotary, rows, &rotary)?;
-        l.run(l.k.cache, rows, &cache)?;
+        l.gemm((n, qkvd, h), a.h, lw.qkv.ptr, a.qkv, bias.is_some())?;
+        l.run(l.k.rotary_cache, rows, &rotary_cache)?;
         attention(
             l,
             s,

@@ -304,8 +304,9 @@ fn long_decode_uses_split_k_and_matches() {
         scale > 0.5 && d < 1e-3,
         "split-K decode at 601: {d} (scale {scale})"
     );
-    // embedding, 2 layers x (2 norms, rotary, cache write, silu, v2 + reduce), gather, final norm.
-    assert_eq!(gpu.device().launches - before, 1 + 2 * 7 + 2);
+    // embedding, 2 layers x (2 norms, fused rotary + cache write, silu, v2 + reduce), gather,
+    // final norm.
+    assert_eq!(gpu.device().launches - before, 1 + 2 * 6 + 2);
 }
 
 /// Writes `value(layer, kv, block, index)` into blocks `0..blocks` of both
@@ -563,4 +564,7 @@ fn a_greedy_step_downloads_twelve_bytes_per_row_not_the_vocabulary() {
     // The greedy step is the logits step plus one reduction launch.
     assert_eq!(greedy.launches, full.launches + 1);
     assert_eq!(greedy.gemms, full.gemms);
+    // q/k/v as one GEMM over the fused weight: per layer qkv, o, gate_up and
+    // down, then the LM head.
+    assert_eq!(full.gemms, (4 * c.num_hidden_layers + 1) as u64);
 }
