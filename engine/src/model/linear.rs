@@ -171,18 +171,18 @@ impl Linear {
 }
 
 /// A raw pointer that may cross rayon threads; each thread writes a disjoint
-/// column stripe.
+/// column stripe (here and in the quantized `quant::matmul`).
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(crate) struct SendPtr(pub(crate) *mut f32);
 // SAFETY: only used to hand disjoint output stripes to worker threads; see
-// `matmul_wt`.
+// `matmul_wt` and `quant::matmul`.
 unsafe impl Send for SendPtr {}
 // SAFETY: as above; the pointer is only read (copied) concurrently.
 unsafe impl Sync for SendPtr {}
 
 impl SendPtr {
     /// The pointer (a method, so closures capture the `Send` wrapper whole).
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }

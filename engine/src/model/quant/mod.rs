@@ -35,6 +35,7 @@ mod tests;
 use model_loader::{QuantTensor, QuantType};
 use rayon::prelude::*;
 
+use crate::model::linear::SendPtr;
 pub use act::QuantizedActs;
 pub use kernels::Isa;
 use tile::Tile;
@@ -99,21 +100,6 @@ impl QMatrix {
             cols: first.cols,
             bytes: parts.iter().flat_map(|p| p.bytes.iter().copied()).collect(),
         })
-    }
-}
-
-/// A raw output pointer handed to threads that write disjoint columns.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: only used to give each rayon task its own disjoint set of output
-// columns (see `matmul`); no two tasks write the same element.
-unsafe impl Send for SendPtr {}
-// SAFETY: as above; the pointer value is only copied between threads.
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }
 
