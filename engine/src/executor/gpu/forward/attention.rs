@@ -1,0 +1,136 @@
+//! The attention launch of one layer: the decode kernels (single pass or
+//! split-K, as `gpu_kernels::launch::plan_decode` chooses per step) when every
+//! sequence has one query token, else the prefill kernel over the whole mixed
+//! batch. Split from `forward.rs` to keep the step's orchestration short.
+//!
+//! Cost: one launch (v1, prefill) or two (v2 + reduce) per layer; the split-K
+//! scratch grows to the largest batch seen and is kept in [`Scratch`].
+
+use super::{ensure, u, Dims, Launcher, Meta, Scratch};
+use crate::executor::gpu::device::{DevPtr, ThreadsFor};
+use crate::executor::gpu::GpuError;
+use crate::executor::ForwardBatch;
+use gpu_kernels::{launch as geom, KernelArg};
+
+/// Attention of one layer: decode kernels when every sequence has one query
+/// token, else the prefill kernel over the whole (mixed) batch.
+///
+/// # Safety
+/// As [`super::run`]: `q`/`out` hold the batch's tokens, `kc`/`vc` a layer's caches.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn attention(
+    l: &mut Launcher<'_>,
+    s: &mut Scratch,
+    d: &Dims,
+    m: &Meta,
+    batch: &ForwardBatch,
+    bs: usize,
+    q: DevPtr,
+    out: DevPtr,
+    kc: DevPtr,
+    vc: DevPtr,
+) -> Result<(), GpuError> {
+    let (n, seqs) = (batch.token_ids.len(), batch.seqs.len());
+    let hd = d.head_dim;
+    let scale = KernelArg::F32(1.0 / (hd as f32).sqrt());
+    let threads = l.dev.threads(ThreadsFor::Attention);
+    let common = [kc.arg(), vc.arg(), m.tables.arg(), m.context_lens.arg()];
+    if m.all_decode {
+        let plan = geom::plan_decode(geom::DecodeShape {
+            num_seqs: seqs as u32,
+            num_heads: d.heads as u32,
+            num_kv_heads: d.kv_heads as u32,
+            head_dim: hd as u32,
+            max_context_len: m.max_context as u32,
+            total_context_len: m.total_context as u64,
+            block_size: bs as u32,
+            sm_count: l.dev.sm_count(),
+            threads,
+        });
+        let [kc, vc, tables, lens] = common;
+        let (cfg, reduce, partition_size, max_partitions) = match plan {
+            geom::DecodePlan::V1(cfg) => {
+                let args = [
+                    out.arg(),
+                    q.arg(),
+                    kc,
+                    vc,
+                    tables,
+                    lens,
+                    u(d.heads),
+                    u(d.kv_heads),
+                    scale,
+                    u(bs),
+                    u(m.max_blocks),
+                ];
+                // SAFETY: forwarded to the caller; the plan's geometry and
+                // shared memory are the kernel's (no context-length limit).
+                return unsafe { l.run(l.k.paged_v1, cfg, &args) };
+            }
+            geom::DecodePlan::V2 {
+                attention,
+                reduce,
+                partition_size,
+                max_partitions,
+            } => (
+                attention,
+                reduce,
+                partition_size as usize,
+                max_partitions as usize,
+            ),
+        };
+        let slots = seqs * d.heads * max_partitions;
+        let tmp = ensure(l.dev, &mut s.split_out, slots * hd * 4)?;
+        let maxl = ensure(l.dev, &mut s.split_max, slots * 4)?;
+        let sums = ensure(l.dev, &mut s.split_sum, slots * 4)?;
+        let args = [
+            tmp.arg(),
+            maxl.arg(),
+            sums.arg(),
+            q.arg(),
+            kc,
+            vc,
+            tables,
+            lens,
+            u(d.heads),
+            u(d.kv_heads),
+            scale,
+            u(bs),
+            u(m.max_blocks),
+            u(partition_size),
+        ];
+        // SAFETY: forwarded; scratch sized for `max_partitions` partitions per
+        // (seq, head), as the plan's grid writes.
+        unsafe { l.run(l.k.paged_v2, cfg, &args) }?;
+        let args = [
+            out.arg(),
+            tmp.arg(),
+            maxl.arg(),
+            sums.arg(),
+            m.context_lens.arg(),
+            u(partition_size),
+            u(max_partitions),
+        ];
+        // SAFETY: as above, reading what v2 wrote.
+        return unsafe { l.run(l.k.paged_v2_reduce, reduce, &args) };
+    }
+    let cfg = geom::prefill_attention(n as u32, d.heads as u32, m.max_context as u32, threads);
+    let [kc, vc, tables, lens] = common;
+    let args = [
+        out.arg(),
+        q.arg(),
+        kc,
+        vc,
+        tables,
+        lens,
+        m.query_start.arg(),
+        u(seqs),
+        u(d.kv_heads),
+        scale,
+        u(bs),
+        u(m.max_blocks),
+    ];
+    // SAFETY: forwarded; query_start_loc has `seqs + 1` entries from 0, each
+    // span's query is its last tokens (validated).
+    unsafe { l.run(l.k.prefill, cfg, &args) }
+}
