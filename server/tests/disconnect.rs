@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::{get, metric, raw_request, start, API_KEY};
+use common::{get, metric, post_unread, start};
 use serde_json::json;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -34,20 +34,8 @@ fn disconnect_mid_stream_frees_blocks() {
     let body = json!({
         "prompt": "Tell me a very long story about a dragon.", "max_tokens": 400,
         "temperature": 0, "ignore_eos": true, "stream": true,
-    })
-    .to_string();
-    let auth = format!("Bearer {API_KEY}");
-    let req = raw_request(
-        "POST",
-        "/v1/completions",
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
-        body.as_bytes(),
-    );
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.write_all(&req).expect("write");
+    });
+    let mut s = post_unread(addr, "/v1/completions", &body);
     // Read until a few events have arrived.
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
@@ -92,20 +80,8 @@ fn disconnect_mid_stream_frees_blocks() {
 fn open_stream(addr: std::net::SocketAddr, prompt: &str) -> TcpStream {
     let body = json!({
         "prompt": prompt, "max_tokens": 400, "temperature": 0, "ignore_eos": true, "stream": true,
-    })
-    .to_string();
-    let auth = format!("Bearer {API_KEY}");
-    let req = raw_request(
-        "POST",
-        "/v1/completions",
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
-        body.as_bytes(),
-    );
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.write_all(&req).expect("write");
+    });
+    let mut s = post_unread(addr, "/v1/completions", &body);
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {

@@ -8,10 +8,8 @@
 
 mod common;
 
-use common::{get, metric, raw_request, start, API_KEY};
+use common::{get, metric, post_unread, start};
 use serde_json::json;
-use std::io::Write;
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -34,20 +32,8 @@ fn a_client_that_stops_reading_has_its_request_aborted_and_blocks_freed() {
     let body = json!({
         "prompt": "Hello", "max_tokens": max_tokens, "n": n, "temperature": 1.0, "seed": 1,
         "ignore_eos": true, "logprobs": 20, "stream": true,
-    })
-    .to_string();
-    let auth = format!("Bearer {API_KEY}");
-    let req = raw_request(
-        "POST",
-        "/v1/completions",
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
-        body.as_bytes(),
-    );
-    let mut client = TcpStream::connect(addr).expect("connect");
-    client.write_all(&req).expect("request sent");
+    });
+    let client = post_unread(addr, "/v1/completions", &body);
     // The client never reads. Wait for the engine to be idle again.
     let deadline = Instant::now() + Duration::from_secs(120);
     let m = loop {

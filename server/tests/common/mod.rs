@@ -224,3 +224,21 @@ pub fn metric(body: &str, name: &str) -> f64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("metric {name} missing in:\n{body}"))
 }
+
+/// Sends an authorized JSON `POST` on a fresh connection and returns the
+/// socket unread (for streaming tests that read slowly, partly or never).
+pub fn post_unread(addr: SocketAddr, path: &str, body: &serde_json::Value) -> TcpStream {
+    let auth = format!("Bearer {API_KEY}");
+    let req = raw_request(
+        "POST",
+        path,
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        body.to_string().as_bytes(),
+    );
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.write_all(&req).expect("request sent");
+    s
+}
