@@ -2,13 +2,14 @@
 //! model, paged KV cache (prefix caching on) and CPU executor: the same
 //! tokens, logprobs and finish reasons for a mix of requests (greedy,
 //! seeded sampling with penalties, n = 2, best_of, beam search, prompt
-//! logprobs, stop tokens hit mid-run), every block back after aborts, and
+//! logprobs, structured output, stop tokens hit mid-run), every block back after aborts, and
 //! proof that the overlapped loop ran ahead and dropped the rows of
 //! sequences that had finished.
 
 mod common;
 
 use common::{assert_pools_full, engine_with, prompts, Setup};
+use engine::grammar::{GrammarCompiler, GrammarSpec};
 use engine::sampler::SamplingParams;
 use engine::scheduler::{FinishReason, RequestId, RequestParams};
 use engine::LlmEngine;
@@ -129,6 +130,24 @@ fn workload(stops: &[u32]) -> Vec<(Vec<u32>, RequestParams)> {
                 },
                 ..greedy(8, stops)
             },
+        };
+        w.push((p.clone(), params));
+    }
+    // Two constrained requests: their masks need the previous token.
+    let compiler = GrammarCompiler::new(common::tiny_tokenizer(), 2).expect("compiler");
+    let re = compiler
+        .compile(&GrammarSpec::Regex("[0-9]{3}-[a-z]{4}(x|yy)".into()))
+        .expect("compiles");
+    for (i, p) in ps.iter().take(2).enumerate() {
+        let params = RequestParams {
+            max_tokens: Some(40),
+            sampling: SamplingParams {
+                temperature: 1.0,
+                seed: Some(100 + i as u64),
+                structured: Some(re.clone()),
+                ..SamplingParams::default()
+            },
+            ..RequestParams::default()
         };
         w.push((p.clone(), params));
     }

@@ -8,9 +8,9 @@
 //! 2. N's answer arrives; its rows are drawn (no sequence changes yet) and
 //!    the placeholders removed;
 //! 3. each drawn token is written over its placeholder in N+1's input ids and
-//!    in the KV cache manager's record; N+1 is launched, and its grammar
-//!    masks are computed while it runs;
-//! 4. N's tokens are appended (finishes, frees, outputs) while N+1 runs.
+//!    in the KV cache manager's record, and N+1 is launched;
+//! 4. while N+1 runs: N's tokens are appended (finishes, frees, outputs),
+//!    then N+1's grammar masks are computed (they need N's tokens).
 //!
 //! (The first call, with nothing in flight, schedules and launches N first.)
 //!
@@ -34,9 +34,8 @@
 //! Not speculated (such a sequence skips N+1 and runs again in N+2; a step
 //! with only these is a synchronous step): beam search (beams fork and die
 //! at commit), a group about to fork (n > 1 or best_of > 1, after its
-//! prompt row), prompt_logprobs, structured output (the mask of N+1 needs
-//! N's token), a token that will end the sequence by length, and a
-//! placeholder that would complete a hashed block.
+//! prompt row), prompt_logprobs, a token that will end the sequence by
+//! length, and a placeholder that would complete a hashed block.
 //!
 //! Cost: two channel messages per step and one `HashMap` of the step's rows;
 //! host work of N+1's schedule and of N's postprocess overlaps the executor.
@@ -181,7 +180,7 @@ struct Spec {
 /// Whether a group's sequences may be scheduled ahead of their draw.
 fn speculable(g: &SequenceGroup) -> bool {
     let p = &g.params.sampling;
-    !p.use_beam_search && p.prompt_logprobs.is_none() && p.structured.is_none() && !needs_fork(g)
+    !p.use_beam_search && p.prompt_logprobs.is_none() && !needs_fork(g)
 }
 
 impl LlmEngine {
@@ -197,6 +196,7 @@ impl LlmEngine {
                 return outs.list;
             }
             self.launch(sched);
+            self.mask_in_flight();
         }
         let Some(prev) = self.in_flight.take() else {
             return outs.list;
@@ -222,17 +222,22 @@ impl LlmEngine {
         let sampled = self.sample_step(&prev.sched, result, &prev.masks);
         let tokens = sampled.tokens(&prev.sched.targets);
         let broken = self.patch_next(&specs, &tokens, &mut next);
-        if !next.is_empty() {
+        let launched = !next.is_empty();
+        if launched {
             self.launch(next);
         }
         self.commit_step(&prev.sched, sampled, &mut outs);
         self.abort_unpatched(&specs, broken, &mut outs);
+        if launched {
+            // N's tokens are appended now: the masks of N+1 may see them.
+            self.mask_in_flight();
+        }
         self.record_timings(t0, t1, t2);
         outs.list
     }
 
-    /// Sends a step to the worker, then computes its grammar masks here
-    /// while it runs.
+    /// Sends a step to the worker (its masks come later, see
+    /// [`Self::mask_in_flight`]).
     fn launch(&mut self, mut sched: SchedulerOutput) {
         let job = Job {
             ops: std::mem::take(&mut sched.ops),
@@ -242,8 +247,20 @@ impl LlmEngine {
         if let Runner::Worker(w) = &self.runner {
             w.submit(job);
         }
-        let masks = self.masks_now(&sched.targets);
-        self.in_flight = Some(InFlight { sched, masks });
+        self.in_flight = Some(InFlight {
+            sched,
+            masks: Vec::new(),
+        });
+    }
+
+    /// Computes the grammar masks of the running step's constrained rows
+    /// here, while the worker runs it.
+    fn mask_in_flight(&mut self) {
+        let Some(f) = self.in_flight.take() else {
+            return;
+        };
+        let masks = self.masks_now(&f.sched.targets);
+        self.in_flight = Some(InFlight { masks, ..f });
     }
 
     /// The grammar masks of the constrained rows, computed on this thread.

@@ -155,6 +155,22 @@ fn cuda_executor(_: &LlamaModel, _: GpuOptions) -> Box<dyn Executor> {
     unreachable!("executor_kinds() offers CUDA only with the cuda feature")
 }
 
+/// The tiny model's tokenizer (written to a temp dir and loaded back), once
+/// per test binary.
+pub fn tiny_tokenizer() -> std::sync::Arc<model_loader::Tokenizer> {
+    static TOK: OnceLock<std::sync::Arc<model_loader::Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let files = model_loader::tiny::write_tiny_model(dir.path()).expect("tiny model");
+        std::sync::Arc::new(
+            model_loader::load_model(&files.gguf)
+                .expect("load")
+                .tokenizer,
+        )
+    })
+    .clone()
+}
+
 /// The tiny model's config and weights, loaded once per test binary.
 pub fn tiny() -> &'static (ModelConfig, ModelWeights) {
     static TINY: OnceLock<(ModelConfig, ModelWeights)> = OnceLock::new();
