@@ -8,7 +8,8 @@
 
 mod common;
 
-use common::{assert_pools_full, engine_with, prompts, Setup};
+use common::{assert_pools_full, engine_over, engine_with, prompts, Setup};
+use engine::executor::{BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, Logits};
 use engine::grammar::{GrammarCompiler, GrammarSpec};
 use engine::sampler::SamplingParams;
 use engine::scheduler::{FinishReason, RequestId, RequestParams};
@@ -258,4 +259,116 @@ fn aborts_while_a_step_runs_free_every_block() {
         );
     }
     assert!(eng.overlap_stats().seqs_ahead > 0);
+}
+
+/// The tiny model's CPU executor, failing its `fail_at`-th step.
+struct FailingAt {
+    inner: Box<dyn Executor>,
+    calls: usize,
+    fail_at: usize,
+}
+
+impl FailingAt {
+    fn tick(&mut self) -> Result<(), ExecError> {
+        self.calls += 1;
+        if self.calls == self.fail_at {
+            return Err(ExecError::Device("injected failure".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Executor for FailingAt {
+    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
+        self.tick()?;
+        self.inner.execute(ops, batch)
+    }
+
+    fn execute_greedy(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+    ) -> Result<Option<Vec<GreedyRow>>, ExecError> {
+        // One call per step: `execute` follows only when this ran nothing.
+        match self.inner.execute_greedy(ops, batch) {
+            Ok(None) => Ok(None),
+            r => self.tick().and(r),
+        }
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    fn num_blocks(&self) -> (usize, usize) {
+        self.inner.num_blocks()
+    }
+
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+}
+
+/// A failed step aborts its requests with the error and frees their
+/// blocks, in both modes; requests added afterwards run as if nothing had
+/// happened.
+#[test]
+fn a_failed_step_aborts_its_requests_and_frees_every_block() {
+    let s = setup(true);
+    let ps = prompts(5, 6, 4, 20);
+    let (want, _) = run_workload(
+        false,
+        true,
+        &ps.iter()
+            .map(|p| (p.clone(), greedy(10, &[])))
+            .collect::<Vec<_>>(),
+    );
+    for overlapped in [false, true] {
+        let inner = common::executor(s.device_blocks, s.cpu_blocks, s.block_size);
+        let exec = FailingAt {
+            inner,
+            calls: 0,
+            fail_at: 4,
+        };
+        let mut eng = engine_over(&s, overlapped, Box::new(exec));
+        for (i, p) in ps.iter().take(3).enumerate() {
+            eng.add_request(RequestId(i as u64), p.clone(), greedy(10, &[]))
+                .expect("add");
+        }
+        let mut failed = Vec::new();
+        let mut got: HashMap<RequestId, Vec<u32>> = HashMap::new();
+        for step in 0..10_000 {
+            if step == 6 {
+                for (i, p) in ps.iter().enumerate().skip(3) {
+                    eng.add_request(RequestId(i as u64), p.clone(), greedy(10, &[]))
+                        .expect("add");
+                }
+            }
+            if step > 6 && !eng.has_unfinished() {
+                break;
+            }
+            for o in eng.step() {
+                if o.error.is_some() {
+                    failed.push(o.request_id);
+                }
+                got.entry(o.request_id)
+                    .or_default()
+                    .extend_from_slice(o.token_ids());
+            }
+        }
+        failed.sort();
+        assert_eq!(
+            failed,
+            [RequestId(0), RequestId(1), RequestId(2)],
+            "async {overlapped}"
+        );
+        assert_pools_full(&eng);
+        for i in 3..ps.len() as u64 {
+            let id = RequestId(i);
+            assert_eq!(
+                got[&id], want[&id].0[0].0,
+                "request {i}, async {overlapped}"
+            );
+        }
+    }
 }

@@ -233,6 +233,11 @@ pub fn engine(setup: &Setup) -> LlmEngine {
 /// [`engine`] with asynchronous scheduling on or off.
 pub fn engine_with(setup: &Setup, overlapped: bool) -> LlmEngine {
     let exec = executor(setup.device_blocks, setup.cpu_blocks, setup.block_size);
+    engine_over(setup, overlapped, exec)
+}
+
+/// [`engine_with`] over a given executor.
+pub fn engine_over(setup: &Setup, overlapped: bool, exec: Box<dyn Executor>) -> LlmEngine {
     let mut kv_cfg = PagedKvConfig::new(setup.block_size, setup.device_blocks, setup.cpu_blocks);
     kv_cfg.enable_prefix_caching = setup.prefix_caching;
     kv_cfg.watermark = setup.watermark;
