@@ -13,7 +13,12 @@
 //! - constrained rows (`SamplingParams::structured`) are masked before their
 //!   draw; their masks are computed on a second thread while the forward
 //!   pass runs (they depend only on tokens already known), see
-//!   [`crate::grammar`].
+//!   [`crate::grammar`];
+//! - a step's results change sequences in one place,
+//!   `postprocess::commit_step`, after `sample_step` drew every row;
+//! - with `SchedulerConfig::async_scheduling` the next step is scheduled and
+//!   launched before this one's tokens are appended (`overlap`): the same
+//!   outputs, a placeholder token for at most one `step` call.
 //!
 //! Cost per step: the scheduler's, the forward pass, and the sampler's
 //! O(rows x vocab) (see `postprocess` for forks, best_of and beam search);
@@ -60,7 +65,9 @@ pub struct EngineStats {
 }
 
 /// Cumulative wall time per part of a step (for the overhead report; never
-/// asserted on in tests).
+/// asserted on in tests). With asynchronous scheduling `execute` is the
+/// time spent waiting for the executor, and `postprocess` includes
+/// launching the next step.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepTimings {
     pub schedule: Duration,
