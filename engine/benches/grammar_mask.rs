@@ -91,6 +91,7 @@ fn main() {
                 max_model_len: 2048,
                 enable_chunked_prefill: true,
                 preemption_mode: Default::default(),
+                async_scheduling: false,
             },
             eos_token_ids: vec![eos],
         };

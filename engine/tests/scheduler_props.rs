@@ -83,6 +83,7 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         max_model_len: 64,
         enable_chunked_prefill: true,
         preemption_mode: c.mode,
+        async_scheduling: false,
     };
     let mut sched = Scheduler::new(config).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut outputs: Vec<Vec<u32>> = vec![Vec::new(); c.requests.len()];

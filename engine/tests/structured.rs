@@ -10,27 +10,12 @@ use engine::grammar::{CompiledGrammar, GrammarCompiler, GrammarError, GrammarSpe
 use engine::sampler::SamplingParams;
 use engine::scheduler::{FinishReason, PreemptionMode, RequestId, RequestParams};
 use engine::LlmEngine;
-use model_loader::Tokenizer;
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
-
-fn tokenizer() -> Arc<Tokenizer> {
-    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
-    TOK.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let files = model_loader::tiny::write_tiny_model(dir.path()).expect("tiny model");
-        Arc::new(
-            model_loader::load_model(&files.gguf)
-                .expect("load")
-                .tokenizer,
-        )
-    })
-    .clone()
-}
+use std::sync::OnceLock;
 
 fn compiler() -> &'static GrammarCompiler {
     static C: OnceLock<GrammarCompiler> = OnceLock::new();
-    C.get_or_init(|| GrammarCompiler::new(tokenizer(), 2).expect("compiler"))
+    C.get_or_init(|| GrammarCompiler::new(common::tiny_tokenizer(), 2).expect("compiler"))
 }
 
 fn compile(spec: GrammarSpec) -> CompiledGrammar {
@@ -76,7 +61,9 @@ fn run(eng: &mut LlmEngine) -> Out {
 }
 
 fn text(tokens: &[u32]) -> String {
-    tokenizer().decode(tokens, true).expect("decode")
+    common::tiny_tokenizer()
+        .decode(tokens, true)
+        .expect("decode")
 }
 
 /// Every sequence ended at EOS (the grammar was complete), and its text.

@@ -53,6 +53,7 @@ pub fn engine_options(
                 PreemptionArg::Swap => PreemptionMode::Swap,
                 PreemptionArg::Recompute => PreemptionMode::Recompute,
             },
+            async_scheduling: args.async_scheduling,
         },
         block_size: args.block_size,
         executor: ExecutorRequest {

@@ -400,6 +400,9 @@ impl EngineThread {
             }
             if self.engine.has_unfinished() {
                 let outputs = self.engine.step();
+                // Stats first: a caller who sees an output sees stats at
+                // least as new as the step that made it.
+                self.publish();
                 self.dispatch(outputs);
             }
             self.flush_parked();

@@ -13,7 +13,12 @@
 //! - constrained rows (`SamplingParams::structured`) are masked before their
 //!   draw; their masks are computed on a second thread while the forward
 //!   pass runs (they depend only on tokens already known), see
-//!   [`crate::grammar`].
+//!   [`crate::grammar`];
+//! - a step's results change sequences in one place,
+//!   `postprocess::commit_step`, after `sample_step` drew every row;
+//! - with `SchedulerConfig::async_scheduling` the next step is scheduled and
+//!   launched before this one's tokens are appended (`overlap`): the same
+//!   outputs, a placeholder token for at most one `step` call.
 //!
 //! Cost per step: the scheduler's, the forward pass, and the sampler's
 //! O(rows x vocab) (see `postprocess` for forks, best_of and beam search);
@@ -23,6 +28,7 @@
 mod beam;
 mod handle;
 mod output;
+mod overlap;
 mod postprocess;
 
 pub use crate::sampler::PromptLogprob;
@@ -30,14 +36,16 @@ pub use handle::{EngineHandle, HandleConfig, RequestStream, ShutdownMode};
 pub use output::{RequestOutput, SeqOutput};
 
 use crate::error::EngineError;
-use crate::executor::Executor;
+use crate::executor::{ExecError, Executor};
 use crate::grammar::state::{GrammarStates, MaskWork};
 use crate::grammar::Mask;
 use crate::kv::{KvCacheManager, KvStats};
 use crate::scheduler::{
-    FinishReason, RequestId, RequestParams, Scheduler, SchedulerConfig, SchedulerOutput,
-    SchedulerStats,
+    FinishReason, RequestId, RequestParams, SampleTarget, Scheduler, SchedulerConfig,
+    SchedulerOutput, SchedulerStats,
 };
+pub use overlap::OverlapStats;
+use overlap::{ExecWorker, InFlight, Runner, StepResult};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -57,7 +65,9 @@ pub struct EngineStats {
 }
 
 /// Cumulative wall time per part of a step (for the overhead report; never
-/// asserted on in tests).
+/// asserted on in tests). With asynchronous scheduling `execute` is the
+/// time spent waiting for the executor, and `postprocess` includes
+/// launching the next step.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepTimings {
     pub schedule: Duration,
@@ -77,7 +87,11 @@ pub struct StepTimings {
 pub struct LlmEngine {
     scheduler: Scheduler,
     kv: Box<dyn KvCacheManager>,
-    executor: Box<dyn Executor>,
+    /// The executor, on this thread or (asynchronous scheduling) its own.
+    runner: Runner,
+    /// Asynchronous scheduling: the step the executor is running.
+    in_flight: Option<InFlight>,
+    overlap: OverlapStats,
     eos_token_ids: Vec<u32>,
     timings: StepTimings,
     grammars: GrammarStates,
@@ -105,10 +119,17 @@ impl LlmEngine {
                 stats.total_blocks, stats.cpu_total_blocks
             )));
         }
+        let runner = if config.scheduler.async_scheduling {
+            Runner::Worker(ExecWorker::spawn(executor)?)
+        } else {
+            Runner::Direct(executor)
+        };
         Ok(Self {
             scheduler: Scheduler::new(config.scheduler)?,
             kv,
-            executor,
+            runner,
+            in_flight: None,
+            overlap: OverlapStats::default(),
             eos_token_ids: config.eos_token_ids,
             timings: StepTimings::default(),
             grammars: GrammarStates::default(),
@@ -148,6 +169,11 @@ impl LlmEngine {
         self.timings
     }
 
+    /// What asynchronous scheduling ran ahead.
+    pub fn overlap_stats(&self) -> OverlapStats {
+        self.overlap
+    }
+
     pub fn scheduler_config(&self) -> &SchedulerConfig {
         self.scheduler.config()
     }
@@ -157,64 +183,41 @@ impl LlmEngine {
         self.kv.stats().total_blocks * self.kv.block_size()
     }
 
-    /// Runs one iteration and returns every request's news.
+    /// Runs one iteration and returns every request's news. With
+    /// asynchronous scheduling the iteration also schedules and launches
+    /// the next step (see `overlap`).
     pub fn step(&mut self) -> Vec<RequestOutput> {
+        if matches!(self.runner, Runner::Worker(_)) {
+            return self.step_overlapped();
+        }
         let t0 = Instant::now();
         let sched = self.scheduler.schedule(self.kv.as_mut());
         let t1 = Instant::now();
         let mut outs = Outputs::default();
-        for (id, e) in &sched.refused {
-            outs.push_failed(*id, e.clone());
-        }
+        push_refused(&sched, &mut outs);
         if sched.is_empty() {
             self.timings.schedule += t1 - t0;
             return outs.list;
         }
-        if self.all_rows_plain_greedy(&sched) {
+        let greedy = if self.all_rows_plain_greedy(&sched) {
             // Greedy rows reduced by the executor (on a GPU: 12 bytes per row
             // leave the device); `None` means it ran nothing: fall through.
-            let result = self.executor.execute_greedy(&sched.ops, &sched.batch);
-            if !matches!(result, Ok(None)) {
-                let t2 = Instant::now();
-                match result {
-                    Ok(Some(rows)) if rows.len() == sched.targets.len() => {
-                        self.apply_greedy_rows(&sched.targets, &rows, &mut outs)
-                    }
-                    Ok(rows) => self.fail_step(
-                        &sched,
-                        EngineError::Executor(format!(
-                            "{} greedy rows for {} sampled rows",
-                            rows.map_or(0, |r| r.len()),
-                            sched.targets.len()
-                        )),
-                        &mut outs,
-                    ),
-                    Err(e) => self.fail_step(&sched, e.into(), &mut outs),
-                }
-                self.record_timings(t0, t1, t2);
-                return outs.list;
+            self.runner
+                .direct()
+                .and_then(|e| e.execute_greedy(&sched.ops, &sched.batch).transpose())
+        } else {
+            None
+        };
+        let (result, masks) = match greedy {
+            Some(r) => (r.map(StepResult::Greedy), Vec::new()),
+            None => {
+                let (r, masks) = self.execute_with_masks(&sched);
+                (r.map(StepResult::Logits), masks)
             }
-        }
-        let (result, masks) = self.execute_with_masks(&sched);
+        };
         let t2 = Instant::now();
-        let rows = sched.targets.len() + sched.prompt_targets.len();
-        match result {
-            Ok(logits) if logits.rows == rows => {
-                self.apply_prompt_rows(&sched, &logits);
-                self.apply_logits(&sched.targets, &logits, &masks, &mut outs)
-            }
-            Ok(logits) => self.fail_step(
-                &sched,
-                EngineError::Executor(format!(
-                    "{} logits rows for {} sampled and {} prompt rows",
-                    logits.rows,
-                    sched.targets.len(),
-                    sched.prompt_targets.len()
-                )),
-                &mut outs,
-            ),
-            Err(e) => self.fail_step(&sched, e.into(), &mut outs),
-        }
+        let sampled = self.sample_step(&sched, result, &masks);
+        self.commit_step(&sched, sampled, &mut outs);
         self.record_timings(t0, t1, t2);
         outs.list
     }
@@ -240,31 +243,14 @@ impl LlmEngine {
     ) {
         let scheduler = &self.scheduler;
         let grammars = &mut self.grammars;
-        if !grammars.is_empty() {
-            grammars.retain(|id| scheduler.group(id).is_some());
-        }
-        let work: Vec<MaskWork<'_>> = sched
-            .targets
-            .iter()
-            .enumerate()
-            .filter_map(|(row, t)| {
-                let g = scheduler.group(t.request_id)?;
-                let grammar = g.params.sampling.structured.as_ref()?;
-                let seq = g.seqs.get(t.seq_index)?;
-                Some(MaskWork {
-                    row,
-                    request_id: t.request_id,
-                    seq_index: t.seq_index,
-                    grammar,
-                    output: seq.tokens.get(seq.prompt_len..).unwrap_or(&[]),
-                })
-            })
-            .collect();
-        let mut masks: Vec<Option<Mask>> = vec![None; sched.targets.len()];
+        let work = mask_work(scheduler, grammars, &sched.targets);
+        let Some(executor) = self.runner.direct() else {
+            let e = ExecError::Device("the executor runs on its worker thread".into());
+            return (Err(e), Vec::new());
+        };
         if work.is_empty() {
-            return (self.executor.execute(&sched.ops, &sched.batch), masks);
+            return (executor.execute(&sched.ops, &sched.batch), Vec::new());
         }
-        let executor = &mut self.executor;
         let (result, computed, spent, waited) = std::thread::scope(|s| {
             let h = s.spawn(|| {
                 let t = Instant::now();
@@ -276,20 +262,7 @@ impl LlmEngine {
             let (computed, spent) = h.join().unwrap_or_else(|_| (Vec::new(), Duration::ZERO));
             (result, computed, spent, t.elapsed())
         });
-        let fallback = work
-            .iter()
-            .map(|w| (w.row, Mask::only(w.grammar.eos(), w.grammar.vocab_size())));
-        if computed.len() == work.len() {
-            for (row, m) in computed {
-                masks[row] = Some(m);
-            }
-        } else {
-            // The mask thread panicked: the constrained rows may only end.
-            tracing::error!("grammar mask computation failed; constrained sequences end");
-            for (row, m) in fallback {
-                masks[row] = Some(m);
-            }
-        }
+        let masks = place_masks(&work, computed, sched.targets.len());
         self.timings.mask_compute += spent;
         self.timings.mask_wait += waited;
         self.timings.mask_steps += 1;
@@ -305,6 +278,66 @@ impl LlmEngine {
                 outs.push_failed(id, error.clone());
             }
         }
+    }
+}
+
+/// The grammar work of a step's constrained rows (after dropping the
+/// matchers of groups that left).
+fn mask_work<'a>(
+    scheduler: &'a Scheduler,
+    grammars: &mut GrammarStates,
+    targets: &[SampleTarget],
+) -> Vec<MaskWork<'a>> {
+    if !grammars.is_empty() {
+        grammars.retain(|id| scheduler.group(id).is_some());
+    }
+    targets
+        .iter()
+        .enumerate()
+        .filter_map(|(row, t)| {
+            let g = scheduler.group(t.request_id)?;
+            let grammar = g.params.sampling.structured.as_ref()?;
+            let seq = g.seqs.get(t.seq_index)?;
+            Some(MaskWork {
+                row,
+                request_id: t.request_id,
+                seq_index: t.seq_index,
+                grammar,
+                output: seq.tokens.get(seq.prompt_len..).unwrap_or(&[]),
+            })
+        })
+        .collect()
+}
+
+/// One mask slot per sampled row from the computed masks (empty when no
+/// row is constrained). When the computation failed (`computed` short), the
+/// constrained rows may only end.
+fn place_masks(
+    work: &[MaskWork<'_>],
+    computed: Vec<(usize, Mask)>,
+    rows: usize,
+) -> Vec<Option<Mask>> {
+    if work.is_empty() {
+        return Vec::new();
+    }
+    let mut masks: Vec<Option<Mask>> = vec![None; rows];
+    if computed.len() == work.len() {
+        for (row, m) in computed {
+            masks[row] = Some(m);
+        }
+    } else {
+        tracing::error!("grammar mask computation failed; constrained sequences end");
+        for w in work {
+            masks[w.row] = Some(Mask::only(w.grammar.eos(), w.grammar.vocab_size()));
+        }
+    }
+    masks
+}
+
+/// Reports the requests a schedule refused.
+fn push_refused(sched: &SchedulerOutput, outs: &mut Outputs) {
+    for (id, e) in &sched.refused {
+        outs.push_failed(*id, e.clone());
     }
 }
 

@@ -24,8 +24,10 @@
 //! Cost: O(rows x vocab) for the draws (see `sampler::ops`) and for the
 //! prompt rows, plus O(width x candidates) per beam group.
 
+use super::overlap::StepResult;
 use super::{finish_reason, LlmEngine, Outputs};
-use crate::executor::{GreedyRow, Logits};
+use crate::error::EngineError;
+use crate::executor::{ExecError, GreedyRow, Logits};
 use crate::grammar::Mask;
 use crate::sampler::{
     greedy_on_device, prompt_logprob, sample_row, top_logprobs, SampleOut, SeqContext,
@@ -35,30 +37,141 @@ use std::collections::HashMap;
 
 /// One draw: which row, which group, which sequence (maybe a fork-to-be).
 #[derive(Debug, Clone, Copy)]
-struct Draw {
-    row: usize,
-    request_id: RequestId,
-    seq_index: usize,
+pub(super) struct Draw {
+    pub row: usize,
+    pub request_id: RequestId,
+    pub seq_index: usize,
+}
+
+/// A step's draws before they are appended.
+pub(super) struct Drawn {
+    pub draws: Vec<Draw>,
+    /// One per draw (`None`: its group vanished).
+    pub sampled: Vec<Option<SampleOut>>,
+    /// Beam-search rows (their candidates are taken at commit).
+    pub beams: Vec<(usize, SampleTarget)>,
+}
+
+/// A step's outcome after sampling, before any sequence changes.
+pub(super) enum Sampled {
+    /// The executor's greedy choice per sampled row.
+    Greedy(Vec<GreedyRow>),
+    /// Host draws from the logits (kept for the beam rows).
+    Drawn(Drawn, Logits),
+    /// The step failed: its requests are aborted at commit.
+    Failed(EngineError),
+}
+
+impl Sampled {
+    /// The token drawn for each (request, sequence index) of the step's
+    /// plain rows (beam rows are decided at commit).
+    pub(super) fn tokens(&self, targets: &[SampleTarget]) -> HashMap<(RequestId, usize), u32> {
+        match self {
+            Self::Greedy(rows) => targets
+                .iter()
+                .zip(rows)
+                .map(|(t, r)| ((t.request_id, t.seq_index), r.token))
+                .collect(),
+            Self::Drawn(d, _) => d
+                .draws
+                .iter()
+                .zip(&d.sampled)
+                .filter_map(|(d, s)| Some(((d.request_id, d.seq_index), s.as_ref()?.token)))
+                .collect(),
+            Self::Failed(_) => HashMap::new(),
+        }
+    }
 }
 
 impl LlmEngine {
-    /// Samples each row, appends the token and finishes what must finish.
-    pub(super) fn apply_logits(
+    /// Checks the executor's answer against the schedule, scores prompt
+    /// rows and draws the sampled rows. Sequences keep their tokens; only
+    /// prompt logprobs are recorded here.
+    pub(super) fn sample_step(
         &mut self,
+        sched: &SchedulerOutput,
+        result: Result<StepResult, ExecError>,
+        masks: &[Option<Mask>],
+    ) -> Sampled {
+        let rows = sched.targets.len() + sched.prompt_targets.len();
+        match result {
+            Ok(StepResult::Greedy(g)) if g.len() == sched.targets.len() => Sampled::Greedy(g),
+            Ok(StepResult::Greedy(g)) => Sampled::Failed(EngineError::Executor(format!(
+                "{} greedy rows for {} sampled rows",
+                g.len(),
+                sched.targets.len()
+            ))),
+            Ok(StepResult::Logits(logits)) if logits.rows == rows => {
+                self.apply_prompt_rows(sched, &logits);
+                let drawn = self.draw_rows(&sched.targets, &logits, masks);
+                Sampled::Drawn(drawn, logits)
+            }
+            Ok(StepResult::Logits(logits)) => Sampled::Failed(EngineError::Executor(format!(
+                "{} logits rows for {} sampled and {} prompt rows",
+                logits.rows,
+                sched.targets.len(),
+                sched.prompt_targets.len()
+            ))),
+            Err(e) => Sampled::Failed(e.into()),
+        }
+    }
+
+    /// The one place a step's results change sequences: appends the drawn
+    /// tokens (forks, beam steps, finishes, outputs), or aborts the step's
+    /// requests when it failed.
+    pub(super) fn commit_step(
+        &mut self,
+        sched: &SchedulerOutput,
+        sampled: Sampled,
+        outs: &mut Outputs,
+    ) {
+        match sampled {
+            Sampled::Greedy(rows) => self.apply_greedy_rows(&sched.targets, &rows, outs),
+            Sampled::Drawn(drawn, logits) => self.commit_draws(drawn, &logits, outs),
+            Sampled::Failed(e) => self.fail_step(sched, e, outs),
+        }
+    }
+
+    /// Draws every live row (changes no sequence).
+    pub(super) fn draw_rows(
+        &self,
         targets: &[SampleTarget],
         logits: &Logits,
         masks: &[Option<Mask>],
-        outs: &mut Outputs,
-    ) {
-        let (draws, beam_rows) = self.plan_draws(targets);
+    ) -> Drawn {
+        let (draws, beams) = self.plan_draws(targets);
         let sampled = self.run_draws(&draws, logits, masks);
+        Drawn {
+            draws,
+            sampled,
+            beams,
+        }
+    }
+
+    /// Forks, appends the drawn tokens, runs the beam steps.
+    pub(super) fn commit_draws(&mut self, drawn: Drawn, logits: &Logits, outs: &mut Outputs) {
+        let Drawn {
+            draws,
+            sampled,
+            beams,
+        } = drawn;
         self.fork_groups(&draws, outs);
         for (draw, s) in draws.iter().zip(sampled) {
             self.append_sampled(*draw, s, outs);
         }
-        self.apply_beam_rows(&beam_rows, logits, outs);
+        self.apply_beam_rows(&beams, logits, outs);
+        self.scheduler.record_generated(draws.len() + beams.len());
+    }
+
+    /// Whether a row's sequence is still the one that was scheduled: alive,
+    /// unfinished and with the same tokens. A stale row (its sequence
+    /// finished or was aborted after the row was scheduled, which the
+    /// overlapped loop allows) is dropped.
+    pub(super) fn is_live(&self, t: &SampleTarget) -> bool {
         self.scheduler
-            .record_generated(draws.len() + beam_rows.len());
+            .group(t.request_id)
+            .and_then(|g| g.seqs.get(t.seq_index))
+            .is_some_and(|s| !s.is_finished() && s.tokens.len() == t.num_tokens)
     }
 
     /// True when every row of the step is a plain greedy draw (one sequence,
@@ -90,7 +203,12 @@ impl LlmEngine {
         rows: &[GreedyRow],
         outs: &mut Outputs,
     ) {
+        let mut appended = 0;
         for (row, (t, g)) in targets.iter().zip(rows).enumerate() {
+            if !self.is_live(t) {
+                continue;
+            }
+            appended += 1;
             let draw = Draw {
                 row,
                 request_id: t.request_id,
@@ -103,7 +221,7 @@ impl LlmEngine {
             };
             self.append_sampled(draw, Some(s), outs);
         }
-        self.scheduler.record_generated(targets.len());
+        self.scheduler.record_generated(appended);
     }
 
     /// Scores this step's prompt rows (in parallel) and records them in
@@ -141,6 +259,9 @@ impl LlmEngine {
             let Some(g) = self.scheduler.group(t.request_id) else {
                 continue;
             };
+            if !self.is_live(t) {
+                continue;
+            }
             if g.params.sampling.use_beam_search {
                 beams.push((row, *t));
             } else if needs_fork(g) {
@@ -348,7 +469,7 @@ fn processed_row(row: &[f32], bias: &[(u32, f32)], mask: Option<&Mask>) -> Optio
 }
 
 /// A group of width > 1 that has not drawn its first token yet.
-fn needs_fork(g: &SequenceGroup) -> bool {
+pub(super) fn needs_fork(g: &SequenceGroup) -> bool {
     g.params.sampling.width() > 1
         && g.seqs.len() == 1
         && g.seqs.iter().all(|s| s.tokens.len() == s.prompt_len)

@@ -114,6 +114,8 @@ pub enum KvError {
     NotResident(SeqId),
     #[error("sequence {0:?} is not swapped out")]
     NotSwapped(SeqId),
+    #[error("the last token of sequence {0:?} is in a full block already cached by its contents")]
+    SealedToken(SeqId),
     #[error("invalid KV cache configuration: {0}")]
     InvalidConfig(String),
 }
@@ -159,6 +161,22 @@ pub trait KvCacheManager: Send {
     /// Reserves slots for `tokens`, appended after the sequence's current
     /// tokens. All or nothing: on `OutOfBlocks` nothing changed.
     fn append_slots(&mut self, seq: SeqId, tokens: &[u32]) -> Result<AppendOutcome, KvError>;
+
+    /// Replaces the last token appended to `seq` (asynchronous scheduling
+    /// appends a placeholder and learns the token once the previous step's
+    /// sample arrives). Fails when that token's block is already full and
+    /// findable by its contents ([`KvCacheManager::hashes_tokens`]). The
+    /// default suits managers that keep no token contents.
+    fn replace_last_token(&mut self, seq: SeqId, token: u32) -> Result<(), KvError> {
+        let _ = (seq, token);
+        Ok(())
+    }
+
+    /// Whether a full block's token contents are recorded (prefix caching),
+    /// so a placeholder must never complete a block.
+    fn hashes_tokens(&self) -> bool {
+        false
+    }
 
     /// Makes `child` share every block of `parent` (reference counts go up).
     fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<(), KvError>;

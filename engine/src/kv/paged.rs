@@ -442,6 +442,26 @@ impl KvCacheManager for PagedKvCacheManager {
         Ok(out)
     }
 
+    fn replace_last_token(&mut self, seq: SeqId, token: u32) -> Result<(), KvError> {
+        let bs = self.cfg.block_size;
+        let st = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        let Some(last) = st.tokens.len().checked_sub(1) else {
+            return Err(KvError::UnknownSequence(seq));
+        };
+        if last / bs < st.hashes.len() {
+            return Err(KvError::SealedToken(seq));
+        }
+        st.tokens[last] = token;
+        Ok(())
+    }
+
+    fn hashes_tokens(&self) -> bool {
+        self.dev.cache.enabled()
+    }
+
     fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<(), KvError> {
         if self.seqs.contains_key(&child) {
             return Err(KvError::DuplicateSequence(child));

@@ -17,6 +17,10 @@ pub struct SampleTarget {
     pub request_id: RequestId,
     /// Index into the group's `seqs`.
     pub seq_index: usize,
+    /// The sequence's token count when scheduled: the row's draw becomes
+    /// token number `num_tokens`. A row whose sequence has since changed
+    /// (finished, or grown otherwise) is stale and its draw is dropped.
+    pub num_tokens: usize,
 }
 
 /// A prompt position scored this step: the logits row of position
@@ -98,6 +102,7 @@ impl BatchBuilder {
                 self.targets.push(SampleTarget {
                     request_id: group.request_id,
                     seq_index,
+                    num_tokens: end,
                 });
             }
         }

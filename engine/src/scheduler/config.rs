@@ -43,6 +43,10 @@ pub struct SchedulerConfig {
     pub enable_chunked_prefill: bool,
     /// `--preemption-mode`.
     pub preemption_mode: PreemptionMode,
+    /// Schedule step N+1 while the executor runs step N (vLLM's
+    /// `--async-scheduling`); outputs are the same as without it. See
+    /// `engine_loop::overlap`.
+    pub async_scheduling: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -53,6 +57,7 @@ impl Default for SchedulerConfig {
             max_model_len: 2048,
             enable_chunked_prefill: true,
             preemption_mode: PreemptionMode::Auto,
+            async_scheduling: false,
         }
     }
 }

@@ -39,6 +39,7 @@ pub enum ExecKind {
 
 thread_local! {
     static CURRENT: Cell<ExecKind> = const { Cell::new(ExecKind::Cpu) };
+    static ASYNC: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Why the CUDA executor cannot run here, or `None` when it can.
@@ -79,14 +80,40 @@ pub fn on_each_executor(body: impl Fn()) {
     on_executors(&executor_kinds(), body);
 }
 
-/// Runs `body` once on each of `kinds`.
+/// The engine loops to run on: `ENGINE_TEST_SCHEDULING` (comma-separated
+/// `sync`, `async`), both by default. `async` is
+/// `SchedulerConfig::async_scheduling`.
+pub fn scheduling_modes() -> Vec<bool> {
+    let wanted = std::env::var("ENGINE_TEST_SCHEDULING").unwrap_or_else(|_| "sync,async".into());
+    wanted
+        .split(',')
+        .map(str::trim)
+        .map(|m| match m {
+            "sync" => false,
+            "async" => true,
+            other => panic!("ENGINE_TEST_SCHEDULING: unknown mode {other:?}"),
+        })
+        .collect()
+}
+
+/// Runs `body` once on each of `kinds`, in each scheduling mode.
 pub fn on_executors(kinds: &[ExecKind], body: impl Fn()) {
     for &kind in kinds {
-        CURRENT.with(|c| c.set(kind));
-        println!("-- on the {kind:?} executor");
-        body();
+        for overlapped in scheduling_modes() {
+            CURRENT.with(|c| c.set(kind));
+            ASYNC.with(|c| c.set(overlapped));
+            let mode = if overlapped { "async" } else { "sync" };
+            println!("-- on the {kind:?} executor, {mode} scheduling");
+            body();
+        }
     }
     CURRENT.with(|c| c.set(ExecKind::Cpu));
+    ASYNC.with(|c| c.set(false));
+}
+
+/// Whether the current test iteration schedules asynchronously.
+pub fn async_scheduling() -> bool {
+    ASYNC.with(Cell::get)
 }
 
 /// The executor the current test iteration runs on.
@@ -126,6 +153,22 @@ fn cuda_executor(model: &LlamaModel, opts: GpuOptions) -> Box<dyn Executor> {
 #[cfg(not(feature = "cuda"))]
 fn cuda_executor(_: &LlamaModel, _: GpuOptions) -> Box<dyn Executor> {
     unreachable!("executor_kinds() offers CUDA only with the cuda feature")
+}
+
+/// The tiny model's tokenizer (written to a temp dir and loaded back), once
+/// per test binary.
+pub fn tiny_tokenizer() -> std::sync::Arc<model_loader::Tokenizer> {
+    static TOK: OnceLock<std::sync::Arc<model_loader::Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let files = model_loader::tiny::write_tiny_model(dir.path()).expect("tiny model");
+        std::sync::Arc::new(
+            model_loader::load_model(&files.gguf)
+                .expect("load")
+                .tokenizer,
+        )
+    })
+    .clone()
 }
 
 /// The tiny model's config and weights, loaded once per test binary.
@@ -175,20 +218,35 @@ impl Default for Setup {
                 max_model_len: 256,
                 enable_chunked_prefill: true,
                 preemption_mode: Default::default(),
+                async_scheduling: false,
             },
         }
     }
 }
 
-/// A real engine: tiny model, paged KV cache, the current executor.
+/// A real engine: tiny model, paged KV cache, the current executor, the
+/// current scheduling mode.
 pub fn engine(setup: &Setup) -> LlmEngine {
+    engine_with(setup, async_scheduling())
+}
+
+/// [`engine`] with asynchronous scheduling on or off.
+pub fn engine_with(setup: &Setup, overlapped: bool) -> LlmEngine {
     let exec = executor(setup.device_blocks, setup.cpu_blocks, setup.block_size);
+    engine_over(setup, overlapped, exec)
+}
+
+/// [`engine_with`] over a given executor.
+pub fn engine_over(setup: &Setup, overlapped: bool, exec: Box<dyn Executor>) -> LlmEngine {
     let mut kv_cfg = PagedKvConfig::new(setup.block_size, setup.device_blocks, setup.cpu_blocks);
     kv_cfg.enable_prefix_caching = setup.prefix_caching;
     kv_cfg.watermark = setup.watermark;
     let kv = PagedKvCacheManager::new(kv_cfg).expect("kv cache");
     let cfg = EngineConfig {
-        scheduler: setup.sched.clone(),
+        scheduler: SchedulerConfig {
+            async_scheduling: overlapped,
+            ..setup.sched.clone()
+        },
         eos_token_ids: vec![2],
     };
     LlmEngine::new(cfg, Box::new(kv), exec).expect("engine")

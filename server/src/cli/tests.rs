@@ -192,3 +192,17 @@ fn good_edge_values_parse() {
     assert_eq!(c.serve.engine.block_size, 256);
     assert!((c.serve.engine.gpu_memory_utilization - 1.0).abs() < f64::EPSILON);
 }
+
+#[test]
+fn async_scheduling_is_off_unless_asked() {
+    let off = parse(&[]).expect("parses");
+    let Action::Serve(s) = off.into_action() else {
+        panic!("serve expected")
+    };
+    assert!(!s.engine.async_scheduling);
+    let on = parse(&["--async-scheduling"]).expect("parses");
+    let Action::Serve(s) = on.into_action() else {
+        panic!("serve expected")
+    };
+    assert!(s.engine.async_scheduling);
+}
