@@ -158,3 +158,90 @@ pub unsafe fn st_global_v4(p: *mut u32, w: [u32; 4]) {
         )
     };
 }
+
+/// One 16-byte store to shared memory (`st.shared.v4.u32` on the shared address of `p`).
+///
+/// # Safety
+/// `p` is a 16-byte aligned address of shared memory no other thread accesses
+/// concurrently.
+#[inline(always)]
+pub unsafe fn st_shared_v4(p: *mut u32, w: [u32; 4]) {
+    // SAFETY: the caller guarantees an aligned shared address owned by this thread.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 s; cvta.to.shared.u64 s, {p}; st.shared.v4.u32 [s], {{{a}, {b}, {c}, {d}}}; }}",
+            p = in(reg64) p,
+            a = in(reg32) w[0],
+            b = in(reg32) w[1],
+            c = in(reg32) w[2],
+            d = in(reg32) w[3],
+            options(nostack),
+        )
+    };
+}
+
+macro_rules! mma_m16n8k16 {
+    ($name:ident, $ty:literal) => {
+        #[doc = concat!("`mma.sync.aligned.m16n8k16.row.col.f32.", $ty, ".", $ty, ".f32` for the warp (fragment")]
+        /// layout: see the emulator's `mma_m16n8k16`). Every lane of the warp must call it.
+        #[inline(always)]
+        pub fn $name(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+            let d: [f32; 4];
+            let (d0, d1, d2, d3): (f32, f32, f32, f32);
+            // SAFETY: register-only warp instruction (sm_80+), executed by the full warp.
+            unsafe {
+                asm!(
+                    concat!(
+                        "mma.sync.aligned.m16n8k16.row.col.f32.", $ty, ".", $ty, ".f32 ",
+                        "{{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, ",
+                        "{{{c0}, {c1}, {c2}, {c3}}};"
+                    ),
+                    d0 = out(reg32) d0, d1 = out(reg32) d1, d2 = out(reg32) d2, d3 = out(reg32) d3,
+                    a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                    b0 = in(reg32) b[0], b1 = in(reg32) b[1],
+                    c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
+                    options(pure, nomem, nostack),
+                )
+            };
+            d = [d0, d1, d2, d3];
+            d
+        }
+    };
+}
+
+mma_m16n8k16!(mma_bf16_m16n8k16, "bf16");
+mma_m16n8k16!(mma_f16_m16n8k16, "f16");
+
+macro_rules! ldmatrix_x4 {
+    ($name:ident, $trans:literal) => {
+        #[doc = concat!("`ldmatrix.sync.aligned.m8n8.x4", $trans, ".shared.b16` (layout: see the emulator's")]
+        /// `ldmatrix_x4`). Every lane of the warp must call it.
+        ///
+        /// # Safety
+        /// Every lane's `row` is a 16-byte aligned address of 16 bytes of shared memory not
+        /// written concurrently.
+        #[inline(always)]
+        pub unsafe fn $name(row: *const u32) -> [u32; 4] {
+            let (a, b, c, d): (u32, u32, u32, u32);
+            // SAFETY: the caller guarantees aligned shared rows.
+            unsafe {
+                asm!(
+                    concat!(
+                        "{{ .reg .u64 s; cvta.to.shared.u64 s, {p}; ldmatrix.sync.aligned.m8n8.x4",
+                        $trans, ".shared.b16 {{{a}, {b}, {c}, {d}}}, [s]; }}"
+                    ),
+                    p = in(reg64) row,
+                    a = out(reg32) a,
+                    b = out(reg32) b,
+                    c = out(reg32) c,
+                    d = out(reg32) d,
+                    options(readonly, nostack),
+                )
+            };
+            [a, b, c, d]
+        }
+    };
+}
+
+ldmatrix_x4!(ldmatrix_x4_b16, "");
+ldmatrix_x4!(ldmatrix_x4_trans_b16, ".trans");
