@@ -194,7 +194,9 @@ fn mma_case<T: gpu_kernels::Storage>(bits: fn(T) -> u16) {
     let seed = 0x6d6d61u64 ^ T::NAME.len() as u64;
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
     let mut gen = |n: usize| -> Vec<f32> {
-        (0..n).map(|_| rand::Rng::gen_range(&mut rng, -2.0f32..2.0)).collect()
+        (0..n)
+            .map(|_| rand::Rng::gen_range(&mut rng, -2.0f32..2.0))
+            .collect()
     };
     let a: Vec<T> = gen(16 * 16).into_iter().map(T::from_f32).collect();
     let b: Vec<T> = gen(16 * 8).into_iter().map(T::from_f32).collect();
@@ -257,22 +259,25 @@ fn ldmatrix_x4_gives_fragments_and_transposes() {
     let o = out.as_mut_ptr() as usize;
     // SAFETY: lanes write their own slots; the shared buffer is sized for 4 x 8 rows.
     unsafe {
-        launch(cfg(Dim3::x(1), Dim3::x(32), (4 * 8 * STRIDE * 2) as u32), || {
-            let lane = thread_idx_x() as usize;
-            let s = dynamic_shared_mem() as *mut u16;
-            for i in 0..8 {
-                let (m, r) = (lane / 8, lane % 8);
-                *s.add((m * 8 + r) * STRIDE + i) = (m * 64 + r * 8 + i) as u16;
-            }
-            sync_threads();
-            let row = s.add(lane * STRIDE) as *const u32;
-            let n = ldmatrix_x4_b16(row);
-            let t = ldmatrix_x4_trans_b16(row);
-            for i in 0..4 {
-                *(o as *mut u32).add(lane * 8 + i) = n[i];
-                *(o as *mut u32).add(lane * 8 + 4 + i) = t[i];
-            }
-        })
+        launch(
+            cfg(Dim3::x(1), Dim3::x(32), (4 * 8 * STRIDE * 2) as u32),
+            || {
+                let lane = thread_idx_x() as usize;
+                let s = dynamic_shared_mem() as *mut u16;
+                for i in 0..8 {
+                    let (m, r) = (lane / 8, lane % 8);
+                    *s.add((m * 8 + r) * STRIDE + i) = (m * 64 + r * 8 + i) as u16;
+                }
+                sync_threads();
+                let row = s.add(lane * STRIDE) as *const u32;
+                let n = ldmatrix_x4_b16(row);
+                let t = ldmatrix_x4_trans_b16(row);
+                for i in 0..4 {
+                    *(o as *mut u32).add(lane * 8 + i) = n[i];
+                    *(o as *mut u32).add(lane * 8 + 4 + i) = t[i];
+                }
+            },
+        )
     };
     for lane in 0..32u32 {
         let (g, t) = (lane / 4, lane % 4);
@@ -280,8 +285,16 @@ fn ldmatrix_x4_gives_fragments_and_transposes() {
             let at = |r: u32, c: u32| m * 64 + r * 8 + c;
             let n = at(g, 2 * t) | at(g, 2 * t + 1) << 16;
             let tr = at(2 * t, g) | at(2 * t + 1, g) << 16;
-            assert_eq!(out[(lane * 8 + m) as usize], n, "ldmatrix lane {lane} matrix {m}");
-            assert_eq!(out[(lane * 8 + 4 + m) as usize], tr, "ldmatrix.trans lane {lane} matrix {m}");
+            assert_eq!(
+                out[(lane * 8 + m) as usize],
+                n,
+                "ldmatrix lane {lane} matrix {m}"
+            );
+            assert_eq!(
+                out[(lane * 8 + 4 + m) as usize],
+                tr,
+                "ldmatrix.trans lane {lane} matrix {m}"
+            );
         }
     }
 }

@@ -307,7 +307,10 @@ fn warp_exchange<const N: usize, R>(
     let c = ctx();
     let l = launch_ref(&c);
     let w = &l.warps[(c.linear / 32) as usize];
-    assert_eq!(w.lanes, 32, "warp-wide matrix instructions need a full warp");
+    assert_eq!(
+        w.lanes, 32,
+        "warp-wide matrix instructions need a full warp"
+    );
     let lane = c.linear % 32;
     for (slot, v) in w.wide[lane as usize].iter().zip(words) {
         slot.store(v, Ordering::Relaxed);
@@ -389,7 +392,8 @@ unsafe fn ldmatrix_x4(row: *const u32, trans: bool) -> [u32; 4] {
             (get(src, 0) as u64 | (get(src, 1) as u64) << 32) as usize as *const u16
         };
         // SAFETY: the caller guarantees each lane's row is 16 readable bytes.
-        let at = |m: u32, r: u32, c: u32| unsafe { row_ptr(m, r).add(c as usize).read_unaligned() } as u32;
+        let at = |m: u32, r: u32, c: u32| unsafe { row_ptr(m, r).add(c as usize).read_unaligned() }
+            as u32;
         let (g, t) = (lane / 4, lane % 4);
         std::array::from_fn(|m| {
             let m = m as u32;
@@ -459,6 +463,11 @@ pub unsafe fn atomic_add_f32(p: *mut f32, v: f32) -> f32 {
 /// `e^x`, computed as on the device: `2^(x * log2 e)`.
 pub fn exp_fast(x: f32) -> f32 {
     (x * core::f32::consts::LOG2_E).exp2()
+}
+
+/// `2^x`.
+pub fn exp2_fast(x: f32) -> f32 {
+    x.exp2()
 }
 
 /// Square root.

@@ -84,6 +84,15 @@ pub fn exp_fast(x: f32) -> f32 {
     r
 }
 
+/// `2^x` via `ex2.approx.ftz.f32` (about 2 ulp).
+#[inline(always)]
+pub fn exp2_fast(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic instruction.
+    unsafe { asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x) };
+    r
+}
+
 /// Correctly rounded square root (`sqrt.rn.f32`).
 #[inline(always)]
 pub fn sqrt(x: f32) -> f32 {
