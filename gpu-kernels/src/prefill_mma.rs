@@ -197,6 +197,37 @@ unsafe fn stage_kv<T: Storage, const D: usize>(
     }
 }
 
+/// Whether the Q fragments stay in registers for the whole block: up to head 128. At
+/// head 256 they (64 registers) plus O (128) do not fit in 255 without spills, so they
+/// are reloaded from global memory (L1) for every KV tile.
+const fn q_in_regs(d: usize) -> bool {
+    d <= 128
+}
+
+/// The A fragment of Q for the 16-column step `kk`: rows g / g + 8 (element offsets
+/// `q_rows`, `None` for rows past the tile: zeros), columns `16 kk + 2t ..` and
+/// `16 kk + 8 + 2t ..`.
+///
+/// # Safety
+/// `q_rows` are offsets of rows of `D` readable elements of `q`, 4-byte aligned.
+#[inline(always)]
+unsafe fn q_fragment<T: Storage>(
+    q: *const T,
+    q_rows: [Option<usize>; 2],
+    kk: usize,
+    t: usize,
+) -> [u32; 4] {
+    let mut a = [0u32; 4];
+    for i in 0..4 {
+        if let Some(off) = q_rows[i % 2] {
+            let col = 16 * kk + 8 * (i / 2) + 2 * t;
+            // SAFETY: per the function contract; `col` is even: 4-byte aligned.
+            a[i] = unsafe { *q.add(off + col).cast::<u32>() };
+        }
+    }
+    a
+}
+
 /// One warp's FlashAttention-2 state: O fragments (`D / 8` tiles of 16 x 8), the running
 /// max of rows `g` and `g + 8` (log2 domain) and this lane's partial row sums.
 struct State {
@@ -212,23 +243,32 @@ struct State {
 #[inline(always)]
 unsafe fn scores<T: Storage, const D: usize>(
     qf: &[[u32; 4]; MAX_D / 16],
+    q: *const T,
+    q_rows: [Option<usize>; 2],
     ks: *const T,
     lane: usize,
 ) -> [[f32; 4]; MAX_BC / 8] {
     let bc = kv_tile(D);
     let mut s = [[0.0f32; 4]; MAX_BC / 8];
     let (mat, r) = (lane / 8, lane % 8);
-    let mut j = 0;
-    while j < bc / 8 {
-        // Matrices: (n-tile j, d lo), (j, d hi), (j + 1, d lo), (j + 1, d hi).
-        let row = ks.wrapping_add((8 * (j + mat / 2) + r) * (D + PAD) + 8 * (mat % 2));
-        for kk in 0..D / 16 {
+    // Matrices of one ldmatrix: (n-tile j, d lo), (j, d hi), (j + 1, d lo), (j + 1, d hi).
+    let row = ks.wrapping_add((8 * (mat / 2) + r) * (D + PAD) + 8 * (mat % 2));
+    for kk in 0..D / 16 {
+        let a = if q_in_regs(D) {
+            qf[kk]
+        } else {
+            // SAFETY: as in the kernel's preload.
+            unsafe { q_fragment(q, q_rows, kk, lane % 4) }
+        };
+        let mut j = 0;
+        while j < bc / 8 {
+            let at = row.wrapping_add(8 * j * (D + PAD) + 16 * kk);
             // SAFETY: per the function contract; 16-byte aligned rows of the tile.
-            let b = unsafe { ldmatrix_x4_b16(row.wrapping_add(16 * kk).cast()) };
-            s[j] = mma_m16n8k16::<T>(qf[kk], [b[0], b[1]], s[j]);
-            s[j + 1] = mma_m16n8k16::<T>(qf[kk], [b[2], b[3]], s[j + 1]);
+            let b = unsafe { ldmatrix_x4_b16(at.cast()) };
+            s[j] = mma_m16n8k16::<T>(a, [b[0], b[1]], s[j]);
+            s[j + 1] = mma_m16n8k16::<T>(a, [b[2], b[3]], s[j + 1]);
+            j += 2;
         }
-        j += 2;
     }
     s
 }
@@ -370,16 +410,14 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
     let kv_end = tile.pos0 + tile.rows;
     let q_row = |r: usize| (tile.q_start + tile.i0 + r) * num_heads + head;
 
-    // Q fragments: rows g / g + 8, columns 2t.. and 2t + 8.. of each 16-column step.
+    // Q rows g / g + 8 of the warp (None: past the tile) and their A fragments, kept
+    // in registers up to head 128 (above, reloaded per KV tile: see `Q_IN_REGS`).
+    let q_rows = [0, 1].map(|h| (rows_lh[h] < tile.rows).then(|| q_row(rows_lh[h]) * D));
     let mut qf = [[0u32; 4]; MAX_D / 16];
-    for kk in 0..D / 16 {
-        for i in 0..4 {
-            let r = rows_lh[i % 2];
-            if r < tile.rows {
-                let col = 16 * kk + 8 * (i / 2) + 2 * t;
-                // SAFETY: row `r` exists; `col` is even and D is even: 4-byte aligned.
-                qf[kk][i] = unsafe { *q.add(q_row(r) * D + col).cast::<u32>() };
-            }
+    if q_in_regs(D) {
+        for kk in 0..D / 16 {
+            // SAFETY: rows of this tile; see `q_fragment`.
+            qf[kk] = unsafe { q_fragment(q, q_rows, kk, t) };
         }
     }
     let kv = Kv {
@@ -409,7 +447,7 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
         if warp_active && t0 <= warp_last {
             // SAFETY: full warp (warp-uniform condition); tiles staged above.
             unsafe {
-                let mut s = scores::<T, D>(&qf, ks, lane);
+                let mut s = scores::<T, D>(&qf, q, q_rows, ks, lane);
                 softmax_update::<D>(&mut st, &mut s, t0, pos, scale_log2, lane);
                 accumulate_pv::<T, D>(&mut st, &s, vs, lane);
             }

@@ -94,4 +94,3 @@ impl<T: Storage> Paged<T> {
             .collect()
     }
 }
-
