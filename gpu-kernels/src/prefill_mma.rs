@@ -58,7 +58,7 @@
 use crate::device::{
     block_dim_x, block_idx_x, block_idx_y, dynamic_shared_mem, exp2_fast, grid_dim_x,
     ld_global_nc_v4, ldmatrix_x4_b16, ldmatrix_x4_trans_b16, mma_m16n8k16, shfl_xor_f32,
-    st_shared_v4, sync_threads, thread_idx_x,
+    st_shared_v4, sync_threads, thread_idx_x, SmemAddr,
 };
 use crate::Storage;
 
@@ -245,14 +245,14 @@ unsafe fn scores<T: Storage, const D: usize>(
     qf: &[[u32; 4]; MAX_D / 16],
     q: *const T,
     q_rows: [Option<usize>; 2],
-    ks: *const T,
+    ks: SmemAddr,
     lane: usize,
 ) -> [[f32; 4]; MAX_BC / 8] {
     let bc = kv_tile(D);
     let mut s = [[0.0f32; 4]; MAX_BC / 8];
     let (mat, r) = (lane / 8, lane % 8);
     // Matrices of one ldmatrix: (n-tile j, d lo), (j, d hi), (j + 1, d lo), (j + 1, d hi).
-    let row = ks.wrapping_add((8 * (mat / 2) + r) * (D + PAD) + 8 * (mat % 2));
+    let row = ks.add(2 * ((8 * (mat / 2) + r) * (D + PAD) + 8 * (mat % 2)));
     for kk in 0..D / 16 {
         let a = if q_in_regs(D) {
             qf[kk]
@@ -262,9 +262,9 @@ unsafe fn scores<T: Storage, const D: usize>(
         };
         let mut j = 0;
         while j < bc / 8 {
-            let at = row.wrapping_add(8 * j * (D + PAD) + 16 * kk);
+            let at = row.add(2 * (8 * j * (D + PAD) + 16 * kk));
             // SAFETY: per the function contract; 16-byte aligned rows of the tile.
-            let b = unsafe { ldmatrix_x4_b16(at.cast()) };
+            let b = unsafe { ldmatrix_x4_b16(at) };
             s[j] = mma_m16n8k16::<T>(a, [b[0], b[1]], s[j]);
             s[j + 1] = mma_m16n8k16::<T>(a, [b[2], b[3]], s[j + 1]);
             j += 2;
@@ -337,7 +337,7 @@ fn softmax_update<const D: usize>(
 unsafe fn accumulate_pv<T: Storage, const D: usize>(
     st: &mut State,
     p: &[[f32; 4]; MAX_BC / 8],
-    vs: *const T,
+    vs: SmemAddr,
     lane: usize,
 ) {
     let bc = kv_tile(D);
@@ -350,11 +350,11 @@ unsafe fn accumulate_pv<T: Storage, const D: usize>(
             pack2::<T>(p[2 * k + 1][2], p[2 * k + 1][3]),
         ];
         // Matrices: (keys lo, d-tile n), (keys hi, n), (keys lo, n + 1), (keys hi, n + 1).
-        let row = vs.wrapping_add((16 * k + 8 * (mat % 2) + r) * (D + PAD) + 8 * (mat / 2));
+        let row = vs.add(2 * ((16 * k + 8 * (mat % 2) + r) * (D + PAD) + 8 * (mat / 2)));
         let mut n = 0;
         while n < D / 8 {
             // SAFETY: per the function contract; 16-byte aligned rows of the tile.
-            let b = unsafe { ldmatrix_x4_trans_b16(row.wrapping_add(8 * n).cast()) };
+            let b = unsafe { ldmatrix_x4_trans_b16(row.add(2 * 8 * n)) };
             st.o[n] = mma_m16n8k16::<T>(a, [b[0], b[1]], st.o[n]);
             st.o[n + 1] = mma_m16n8k16::<T>(a, [b[2], b[3]], st.o[n + 1]);
             n += 2;
@@ -447,9 +447,12 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
         if warp_active && t0 <= warp_last {
             // SAFETY: full warp (warp-uniform condition); tiles staged above.
             unsafe {
-                let mut s = scores::<T, D>(&qf, q, q_rows, ks, lane);
+                // Addresses of this tile's fragments are derived inside the loop (not
+                // hoisted out of it and kept live in registers).
+                let (ka, va) = (SmemAddr::of(ks).opaque(), SmemAddr::of(vs).opaque());
+                let mut s = scores::<T, D>(&qf, q, q_rows, ka, lane);
                 softmax_update::<D>(&mut st, &mut s, t0, pos, scale_log2, lane);
-                accumulate_pv::<T, D>(&mut st, &s, vs, lane);
+                accumulate_pv::<T, D>(&mut st, &s, va, lane);
             }
         }
         t0 += bc;

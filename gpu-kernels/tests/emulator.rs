@@ -269,7 +269,7 @@ fn ldmatrix_x4_gives_fragments_and_transposes() {
                     *s.add((m * 8 + r) * STRIDE + i) = (m * 64 + r * 8 + i) as u16;
                 }
                 sync_threads();
-                let row = s.add(lane * STRIDE) as *const u32;
+                let row = SmemAddr::of(s.add(lane * STRIDE));
                 let n = ldmatrix_x4_b16(row);
                 let t = ldmatrix_x4_trans_b16(row);
                 for i in 0..4 {

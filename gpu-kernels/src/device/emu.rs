@@ -376,6 +376,25 @@ pub fn mma_f16_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
     mma_m16n8k16(a, b, c, |h| half::f16::from_bits(h).to_f32())
 }
 
+/// An address in the block's shared memory (on the host: the pointer itself).
+#[derive(Clone, Copy)]
+pub struct SmemAddr(usize);
+
+impl SmemAddr {
+    /// The shared-memory address of `p`.
+    pub fn of<T>(p: *const T) -> Self {
+        Self(p as usize)
+    }
+    /// `bytes` further on.
+    pub fn add(self, bytes: usize) -> Self {
+        Self(self.0 + bytes)
+    }
+    /// The same address (on the device: through an opaque move against loop hoisting).
+    pub fn opaque(self) -> Self {
+        self
+    }
+}
+
 /// `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16`: lane `l` gives the address of row
 /// `l % 8` of 8x8 matrix `l / 8` (16 bytes, 16-byte aligned); result word `i` is this
 /// lane's fragment of matrix `i`: row `lane / 4`, cols `2 (lane % 4)..+1`, or with
@@ -384,8 +403,8 @@ pub fn mma_f16_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
 /// # Safety
 /// Every lane's `row` points to 16 readable bytes of shared memory not written
 /// concurrently.
-unsafe fn ldmatrix_x4(row: *const u32, trans: bool) -> [u32; 4] {
-    let p = row as usize as u64;
+unsafe fn ldmatrix_x4(row: SmemAddr, trans: bool) -> [u32; 4] {
+    let p = row.0 as u64;
     warp_exchange([p as u32, (p >> 32) as u32], |lane, get| {
         let row_ptr = |m: u32, r: u32| {
             let src = m * 8 + r;
@@ -410,7 +429,7 @@ unsafe fn ldmatrix_x4(row: *const u32, trans: bool) -> [u32; 4] {
 ///
 /// # Safety
 /// Every lane's `row` points to 16 bytes of shared memory not written concurrently.
-pub unsafe fn ldmatrix_x4_b16(row: *const u32) -> [u32; 4] {
+pub unsafe fn ldmatrix_x4_b16(row: SmemAddr) -> [u32; 4] {
     // SAFETY: forwarded.
     unsafe { ldmatrix_x4(row, false) }
 }
@@ -419,7 +438,7 @@ pub unsafe fn ldmatrix_x4_b16(row: *const u32) -> [u32; 4] {
 ///
 /// # Safety
 /// Every lane's `row` points to 16 bytes of shared memory not written concurrently.
-pub unsafe fn ldmatrix_x4_trans_b16(row: *const u32) -> [u32; 4] {
+pub unsafe fn ldmatrix_x4_trans_b16(row: SmemAddr) -> [u32; 4] {
     // SAFETY: forwarded.
     unsafe { ldmatrix_x4(row, true) }
 }

@@ -221,6 +221,45 @@ macro_rules! mma_m16n8k16 {
 mma_m16n8k16!(mma_bf16_m16n8k16, "bf16");
 mma_m16n8k16!(mma_f16_m16n8k16, "f16");
 
+/// A 32-bit address in the block's shared-memory window (what `ldmatrix` takes).
+#[derive(Clone, Copy)]
+pub struct SmemAddr(u32);
+
+impl SmemAddr {
+    /// The shared-window address of the generic pointer `p` (`cvta.to.shared`, 32 bits).
+    #[inline(always)]
+    pub fn of<T>(p: *const T) -> Self {
+        let a: u32;
+        // SAFETY: address conversion only, no access.
+        unsafe {
+            asm!(
+                "{{ .reg .u64 t; cvta.to.shared.u64 t, {p}; cvt.u32.u64 {a}, t; }}",
+                a = out(reg32) a,
+                p = in(reg64) p,
+                options(pure, nomem, nostack)
+            )
+        };
+        Self(a)
+    }
+    /// `bytes` further on.
+    #[inline(always)]
+    pub fn add(self, bytes: usize) -> Self {
+        Self(self.0.wrapping_add(bytes as u32))
+    }
+    /// The same address through an opaque move, so that the compiler does not hoist the
+    /// addresses derived from it out of the enclosing loop (they would stay live in
+    /// registers across it).
+    #[inline(always)]
+    pub fn opaque(self) -> Self {
+        let a: u32;
+        // SAFETY: a register move.
+        unsafe {
+            asm!("mov.u32 {a}, {b};", a = out(reg32) a, b = in(reg32) self.0, options(nomem, nostack))
+        };
+        Self(a)
+    }
+}
+
 macro_rules! ldmatrix_x4 {
     ($name:ident, $trans:literal) => {
         #[doc = concat!("`ldmatrix.sync.aligned.m8n8.x4", $trans, ".shared.b16` (layout: see the emulator's")]
@@ -230,16 +269,13 @@ macro_rules! ldmatrix_x4 {
         /// Every lane's `row` is a 16-byte aligned address of 16 bytes of shared memory not
         /// written concurrently.
         #[inline(always)]
-        pub unsafe fn $name(row: *const u32) -> [u32; 4] {
+        pub unsafe fn $name(row: SmemAddr) -> [u32; 4] {
             let (a, b, c, d): (u32, u32, u32, u32);
             // SAFETY: the caller guarantees aligned shared rows.
             unsafe {
                 asm!(
-                    concat!(
-                        "{{ .reg .u64 s; cvta.to.shared.u64 s, {p}; ldmatrix.sync.aligned.m8n8.x4",
-                        $trans, ".shared.b16 {{{a}, {b}, {c}, {d}}}, [s]; }}"
-                    ),
-                    p = in(reg64) row,
+                    concat!("ldmatrix.sync.aligned.m8n8.x4", $trans, ".shared.b16 {{{a}, {b}, {c}, {d}}}, [{p}];"),
+                    p = in(reg32) row.0,
                     a = out(reg32) a,
                     b = out(reg32) b,
                     c = out(reg32) c,
