@@ -16,8 +16,9 @@
 //! - the block walks the KV tiles `0 .. ceil((last position + 1) / BC)` (tiles wholly
 //!   above the causal diagonal are never loaded), `BC` = [`kv_tile`]`(D)` tokens each:
 //!   all threads gather the tile's K and V rows through the block table into shared
-//!   memory with 16-byte loads and stores (`ld.global.nc.v4.u32`, `st.shared.v4.u32`),
-//!   past-the-end tokens zero-filled, then one `sync_threads`;
+//!   memory with 16-byte asynchronous copies (`cp.async.cg.shared.global`, every copy
+//!   of a thread in flight at once, no registers), past-the-end tokens zero-filled
+//!   (`st.shared.v4.u32`), then `cp.async.wait_all` and one `sync_threads`;
 //! - each warp whose rows reach the tile computes `S = Q K^T` (16 x BC, `f32` in
 //!   registers; K fragments by `ldmatrix.x4`), scales it, applies the causal mask
 //!   (query row `i` of a sequence sits at position `context_len - q_len + i`), updates
@@ -56,8 +57,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::device::{
-    block_dim_x, block_idx_x, block_idx_y, dynamic_shared_mem, exp2_fast, grid_dim_x,
-    ld_global_nc_v4, ldmatrix_x4_b16, ldmatrix_x4_trans_b16, mma_m16n8k16, shfl_xor_f32,
+    block_dim_x, block_idx_x, block_idx_y, cp_async_16, cp_async_wait_all, dynamic_shared_mem,
+    exp2_fast, grid_dim_x, ldmatrix_x4_b16, ldmatrix_x4_trans_b16, mma_m16n8k16, shfl_xor_f32,
     st_shared_v4, sync_threads, thread_idx_x, SmemAddr,
 };
 use crate::Storage;
@@ -154,7 +155,9 @@ struct Kv<T> {
 }
 
 /// Gathers tokens `t0 .. t0 + BC` of K and V into the shared tiles (row stride `D +
-/// PAD`), zeros for tokens at or past `kv_end`. All threads of the block take part.
+/// PAD`) with 16-byte `cp.async` copies (all of a thread's copies in flight at once, no
+/// registers), zeros for tokens at or past `kv_end`; waits for its own copies. All
+/// threads of the block take part; a `sync_threads` must follow before reading.
 ///
 /// # Safety
 /// The block table covers tokens below `kv_end`; `ks`/`vs` hold `BC * (D + PAD)`
@@ -177,24 +180,22 @@ unsafe fn stage_kv<T: Storage, const D: usize>(
         let dst = tok * (D + PAD) + c * T::VEC;
         // SAFETY: per the function contract; rows are 16-byte multiples (D % 16 == 0).
         unsafe {
-            let (kw, vw) = if key < kv_end {
+            if key < kv_end {
                 let blk = *kv.block_table.add(key / kv.block_size) as usize;
                 let off = ((blk * kv.block_size + key % kv.block_size) * kv.num_kv_heads
                     + kv.kv_head)
                     * D
                     + c * T::VEC;
-                (
-                    ld_global_nc_v4(kv.k_cache.add(off).cast()),
-                    ld_global_nc_v4(kv.v_cache.add(off).cast()),
-                )
+                cp_async_16(SmemAddr::of(ks.add(dst)), kv.k_cache.add(off).cast());
+                cp_async_16(SmemAddr::of(vs.add(dst)), kv.v_cache.add(off).cast());
             } else {
-                ([0; 4], [0; 4])
-            };
-            st_shared_v4(ks.add(dst).cast(), kw);
-            st_shared_v4(vs.add(dst).cast(), vw);
+                st_shared_v4(ks.add(dst).cast(), [0; 4]);
+                st_shared_v4(vs.add(dst).cast(), [0; 4]);
+            }
         }
         v += block_dim_x() as usize;
     }
+    cp_async_wait_all();
 }
 
 /// Whether the Q fragments stay in registers for the whole block: up to head 128. At

@@ -533,3 +533,16 @@ pub unsafe fn st_shared_v4(p: *mut u32, w: [u32; 4]) {
     // SAFETY: the caller guarantees 16 writable bytes.
     unsafe { p.cast::<[u32; 4]>().write_unaligned(w) }
 }
+
+/// A 16-byte global-to-shared copy (`cp.async.cg.shared.global` on the device, where it
+/// is asynchronous until [`cp_async_wait_all`]); done at once on the host.
+///
+/// # Safety
+/// `dst` and `src` are valid for 16 bytes, not accessed by other threads until the wait.
+pub unsafe fn cp_async_16(dst: SmemAddr, src: *const u32) {
+    // SAFETY: the caller guarantees 16 readable and 16 writable bytes.
+    unsafe { (dst.0 as *mut [u32; 4]).write_unaligned(src.cast::<[u32; 4]>().read_unaligned()) }
+}
+
+/// Waits for this thread's `cp.async` copies (nothing to wait for on the host).
+pub fn cp_async_wait_all() {}

@@ -290,3 +290,30 @@ macro_rules! ldmatrix_x4 {
 
 ldmatrix_x4!(ldmatrix_x4_b16, "");
 ldmatrix_x4!(ldmatrix_x4_trans_b16, ".trans");
+
+/// Asynchronous 16-byte copy from global to shared memory, bypassing registers and L1
+/// (`cp.async.cg.shared.global`, sm_80+). Complete it with [`cp_async_wait_all`] (then
+/// `sync_threads` before other threads read it).
+///
+/// # Safety
+/// `dst` is 16 bytes of shared memory and `src` 16 bytes of global memory, both 16-byte
+/// aligned, neither accessed by other threads until the copy is waited for.
+#[inline(always)]
+pub unsafe fn cp_async_16(dst: SmemAddr, src: *const u32) {
+    // SAFETY: the caller guarantees aligned shared and global addresses.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {src}; cp.async.cg.shared.global [{dst}], [g], 16; }}",
+            dst = in(reg32) dst.0,
+            src = in(reg64) src,
+            options(nostack),
+        )
+    };
+}
+
+/// Waits for every `cp.async` of this thread (`cp.async.wait_all`).
+#[inline(always)]
+pub fn cp_async_wait_all() {
+    // SAFETY: waits for this thread's own asynchronous copies.
+    unsafe { asm!("cp.async.wait_all;", options(nostack)) };
+}
