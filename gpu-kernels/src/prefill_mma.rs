@@ -35,8 +35,8 @@
 //! 8-element row padding makes the 8 row addresses of every `ldmatrix` hit distinct
 //! banks. Nothing depends on the context length: any context runs.
 //!
-//! Cost per call, per query head: K/V bytes `2 * sum over tiles of (last position + 1)
-//! * D * sizeof(T)` (each tile of 64 query rows reads its causal prefix once; from L2
+//! Cost per call, per query head: K/V bytes `2 * D * sizeof(T) * sum over tiles of
+//! (last position + 1)` (each tile of 64 query rows reads its causal prefix once; from L2
 //! for the other heads of a KV group and the other tiles), plus Q and out once. FLOPs
 //! `4 * sum over query rows of (position + 1) * D` (QK^T and PV, the causal half only),
 //! executed on tensor cores at tile granularity (the diagonal tiles do the masked half
@@ -253,7 +253,7 @@ unsafe fn scores<T: Storage, const D: usize>(
     let mut s = [[0.0f32; 4]; MAX_BC / 8];
     let (mat, r) = (lane / 8, lane % 8);
     // Matrices of one ldmatrix: (n-tile j, d lo), (j, d hi), (j + 1, d lo), (j + 1, d hi).
-    let row = ks.add(2 * ((8 * (mat / 2) + r) * (D + PAD) + 8 * (mat % 2)));
+    let row = ks.offset(2 * ((8 * (mat / 2) + r) * (D + PAD) + 8 * (mat % 2)));
     for kk in 0..D / 16 {
         let a = if q_in_regs(D) {
             qf[kk]
@@ -263,7 +263,7 @@ unsafe fn scores<T: Storage, const D: usize>(
         };
         let mut j = 0;
         while j < bc / 8 {
-            let at = row.add(2 * (8 * j * (D + PAD) + 16 * kk));
+            let at = row.offset(2 * (8 * j * (D + PAD) + 16 * kk));
             // SAFETY: per the function contract; 16-byte aligned rows of the tile.
             let b = unsafe { ldmatrix_x4_b16(at) };
             s[j] = mma_m16n8k16::<T>(a, [b[0], b[1]], s[j]);
@@ -351,11 +351,11 @@ unsafe fn accumulate_pv<T: Storage, const D: usize>(
             pack2::<T>(p[2 * k + 1][2], p[2 * k + 1][3]),
         ];
         // Matrices: (keys lo, d-tile n), (keys hi, n), (keys lo, n + 1), (keys hi, n + 1).
-        let row = vs.add(2 * ((16 * k + 8 * (mat % 2) + r) * (D + PAD) + 8 * (mat / 2)));
+        let row = vs.offset(2 * ((16 * k + 8 * (mat % 2) + r) * (D + PAD) + 8 * (mat / 2)));
         let mut n = 0;
         while n < D / 8 {
             // SAFETY: per the function contract; 16-byte aligned rows of the tile.
-            let b = unsafe { ldmatrix_x4_trans_b16(row.add(2 * 8 * n)) };
+            let b = unsafe { ldmatrix_x4_trans_b16(row.offset(2 * 8 * n)) };
             st.o[n] = mma_m16n8k16::<T>(a, [b[0], b[1]], st.o[n]);
             st.o[n + 1] = mma_m16n8k16::<T>(a, [b[2], b[3]], st.o[n + 1]);
             n += 2;
@@ -393,7 +393,7 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
     block_size: u32,
     max_blocks_per_seq: u32,
 ) {
-    const { assert!(D % 16 == 0 && D <= MAX_D && core::mem::size_of::<T>() == 2) };
+    const { assert!(D.is_multiple_of(16) && D <= MAX_D && core::mem::size_of::<T>() == 2) };
     let warps = block_dim_x() as usize / 32;
     let br = WARP_ROWS * warps;
     let (head, num_heads) = (block_idx_x() as usize, grid_dim_x() as usize);

@@ -386,7 +386,7 @@ impl SmemAddr {
         Self(p as usize)
     }
     /// `bytes` further on.
-    pub fn add(self, bytes: usize) -> Self {
+    pub fn offset(self, bytes: usize) -> Self {
         Self(self.0 + bytes)
     }
     /// The same address (on the device: through an opaque move against loop hoisting).

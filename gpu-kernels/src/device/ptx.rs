@@ -243,7 +243,7 @@ impl SmemAddr {
     }
     /// `bytes` further on.
     #[inline(always)]
-    pub fn add(self, bytes: usize) -> Self {
+    pub fn offset(self, bytes: usize) -> Self {
         Self(self.0.wrapping_add(bytes as u32))
     }
     /// The same address through an opaque move, so that the compiler does not hoist the
