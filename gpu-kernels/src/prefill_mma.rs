@@ -18,7 +18,9 @@
 //!   all threads gather the tile's K and V rows through the block table into shared
 //!   memory with 16-byte asynchronous copies (`cp.async.cg.shared.global`, every copy
 //!   of a thread in flight at once, no registers), past-the-end tokens zero-filled
-//!   (`st.shared.v4.u32`), then `cp.async.wait_all` and one `sync_threads`;
+//!   (`st.shared.v4.u32`), pipelined as in FlashAttention-2: the copy of V(k) runs
+//!   during `S = Q K(k)^T` and the copy of K(k + 1) during `O += P V(k)` (single K and
+//!   V tiles, four `sync_threads` per KV tile);
 //! - each warp whose rows reach the tile computes `S = Q K^T` (16 x BC, `f32` in
 //!   registers; K fragments by `ldmatrix.x4`), scales it, applies the causal mask
 //!   (query row `i` of a sequence sits at position `context_len - q_len + i`), updates
@@ -47,8 +49,7 @@
 //! `T` for the PV product, as in FlashAttention-2. Control flow around `sync_threads` is
 //! block-uniform; `mma`/`ldmatrix` run under warp-uniform conditions only.
 //!
-//! Not yet: K/V staging is single-buffered (the load of tile `k + 1` does not overlap
-//! the math of tile `k`); each query head stages its own K/V (the other heads of its KV
+//! Not yet: each query head stages its own K/V (the other heads of its KV
 //! group hit L2); ALiBi and sliding windows are not supported, as in the streaming
 //! kernel.
 
@@ -57,9 +58,10 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::device::{
-    block_dim_x, block_idx_x, block_idx_y, cp_async_16, cp_async_wait_all, dynamic_shared_mem,
-    exp2_fast, grid_dim_x, ldmatrix_x4_b16, ldmatrix_x4_trans_b16, mma_m16n8k16, shfl_xor_f32,
-    st_shared_v4, sync_threads, thread_idx_x, SmemAddr,
+    block_dim_x, block_idx_x, block_idx_y, cp_async_16, cp_async_commit, cp_async_wait_all,
+    cp_async_wait_group_1, dynamic_shared_mem, exp2_fast, grid_dim_x, ldmatrix_x4_b16,
+    ldmatrix_x4_trans_b16, mma_m16n8k16, shfl_xor_f32, st_shared_v4, sync_threads, thread_idx_x,
+    SmemAddr,
 };
 use crate::Storage;
 
@@ -154,21 +156,22 @@ struct Kv<T> {
     kv_head: usize,
 }
 
-/// Gathers tokens `t0 .. t0 + BC` of K and V into the shared tiles (row stride `D +
-/// PAD`) with 16-byte `cp.async` copies (all of a thread's copies in flight at once, no
-/// registers), zeros for tokens at or past `kv_end`; waits for its own copies. All
-/// threads of the block take part; a `sync_threads` must follow before reading.
+/// Starts copying tokens `t0 .. t0 + BC` of one cache (K or V) into the shared tile
+/// `dst` (row stride `D + PAD`) with 16-byte `cp.async` copies (all of a thread's copies
+/// in flight at once, no registers), zeros for tokens at or past `kv_end`, and commits
+/// them as one group. All threads of the block take part; the caller waits for the group
+/// and then `sync_threads` before the tile is read.
 ///
 /// # Safety
-/// The block table covers tokens below `kv_end`; `ks`/`vs` hold `BC * (D + PAD)`
-/// elements each, 16-byte aligned.
+/// The block table covers tokens below `kv_end`; `dst` holds `BC * (D + PAD)` elements,
+/// 16-byte aligned, not read by any thread until the wait and barrier.
 #[inline(always)]
-unsafe fn stage_kv<T: Storage, const D: usize>(
+unsafe fn stage<T: Storage, const D: usize>(
     kv: &Kv<T>,
+    cache: *const T,
     t0: usize,
     kv_end: usize,
-    ks: *mut T,
-    vs: *mut T,
+    dst: *mut T,
 ) {
     let bc = kv_tile(D);
     let vecs_per_row = D / T::VEC;
@@ -177,7 +180,7 @@ unsafe fn stage_kv<T: Storage, const D: usize>(
     while v < total {
         let (tok, c) = (v / vecs_per_row, v % vecs_per_row);
         let key = t0 + tok;
-        let dst = tok * (D + PAD) + c * T::VEC;
+        let to = dst.wrapping_add(tok * (D + PAD) + c * T::VEC);
         // SAFETY: per the function contract; rows are 16-byte multiples (D % 16 == 0).
         unsafe {
             if key < kv_end {
@@ -186,16 +189,14 @@ unsafe fn stage_kv<T: Storage, const D: usize>(
                     + kv.kv_head)
                     * D
                     + c * T::VEC;
-                cp_async_16(SmemAddr::of(ks.add(dst)), kv.k_cache.add(off).cast());
-                cp_async_16(SmemAddr::of(vs.add(dst)), kv.v_cache.add(off).cast());
+                cp_async_16(SmemAddr::of(to), cache.add(off).cast());
             } else {
-                st_shared_v4(ks.add(dst).cast(), [0; 4]);
-                st_shared_v4(vs.add(dst).cast(), [0; 4]);
+                st_shared_v4(to.cast(), [0; 4]);
             }
         }
         v += block_dim_x() as usize;
     }
-    cp_async_wait_all();
+    cp_async_commit();
 }
 
 /// Whether the Q fragments stay in registers for the whole block: up to head 128. At
@@ -439,22 +440,39 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
         l: [0.0; 2],
     };
     let scale_log2 = scale * core::f32::consts::LOG2_E;
+    // FlashAttention-2's pipeline over single K and V tiles: the copy of V(k) runs
+    // during S = Q K(k)^T and the copy of K(k + 1) during O += P V(k).
+    // SAFETY (every `stage` below): the block table covers keys below kv_end <=
+    // context_len; each tile is refilled only after the barrier that ends its readers.
+    unsafe { stage::<T, D>(&kv, k_cache, 0, kv_end, ks) };
     let mut t0 = 0;
     while t0 < kv_end {
+        let compute = warp_active && t0 <= warp_last;
+        sync_threads(); // PV of the previous tile has finished reading V.
+        unsafe { stage::<T, D>(&kv, v_cache, t0, kv_end, vs) };
+        cp_async_wait_group_1(); // K(t0) has landed (V(t0) may still be in flight).
         sync_threads();
-        // SAFETY: the block table covers keys below kv_end <= context_len.
-        unsafe { stage_kv::<T, D>(&kv, t0, kv_end, ks, vs) };
-        sync_threads();
-        if warp_active && t0 <= warp_last {
-            // SAFETY: full warp (warp-uniform condition); tiles staged above.
+        let mut s = [[0.0f32; 4]; MAX_BC / 8];
+        if compute {
+            // SAFETY: full warp (warp-uniform condition); K staged and waited for.
+            // The tile's fragment addresses are derived inside the loop (not hoisted
+            // out of it and kept live in registers).
             unsafe {
-                // Addresses of this tile's fragments are derived inside the loop (not
-                // hoisted out of it and kept live in registers).
-                let (ka, va) = (SmemAddr::of(ks).opaque(), SmemAddr::of(vs).opaque());
-                let mut s = scores::<T, D>(&qf, q, q_rows, ka, lane);
-                softmax_update::<D>(&mut st, &mut s, t0, pos, scale_log2, lane);
-                accumulate_pv::<T, D>(&mut st, &s, va, lane);
+                s = scores::<T, D>(&qf, q, q_rows, SmemAddr::of(ks).opaque(), lane);
             }
+            softmax_update::<D>(&mut st, &mut s, t0, pos, scale_log2, lane);
+        }
+        sync_threads(); // Every warp has finished reading K.
+        if t0 + bc < kv_end {
+            unsafe { stage::<T, D>(&kv, k_cache, t0 + bc, kv_end, ks) };
+            cp_async_wait_group_1(); // V(t0) has landed.
+        } else {
+            cp_async_wait_all();
+        }
+        sync_threads();
+        if compute {
+            // SAFETY: full warp; V staged and waited for.
+            unsafe { accumulate_pv::<T, D>(&mut st, &s, SmemAddr::of(vs).opaque(), lane) };
         }
         t0 += bc;
     }

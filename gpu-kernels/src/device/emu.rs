@@ -546,3 +546,9 @@ pub unsafe fn cp_async_16(dst: SmemAddr, src: *const u32) {
 
 /// Waits for this thread's `cp.async` copies (nothing to wait for on the host).
 pub fn cp_async_wait_all() {}
+
+/// Closes this thread's pending `cp.async` copies into a group (nothing on the host).
+pub fn cp_async_commit() {}
+
+/// Waits for all but the latest `cp.async` group (nothing to wait for on the host).
+pub fn cp_async_wait_group_1() {}

@@ -317,3 +317,18 @@ pub fn cp_async_wait_all() {
     // SAFETY: waits for this thread's own asynchronous copies.
     unsafe { asm!("cp.async.wait_all;", options(nostack)) };
 }
+
+/// Closes this thread's pending `cp.async` copies into a group (`cp.async.commit_group`).
+#[inline(always)]
+pub fn cp_async_commit() {
+    // SAFETY: bookkeeping of this thread's own asynchronous copies.
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) };
+}
+
+/// Waits until at most one committed group of this thread's `cp.async` copies is still
+/// pending (`cp.async.wait_group 1`): all but the latest group are complete.
+#[inline(always)]
+pub fn cp_async_wait_group_1() {
+    // SAFETY: waits for this thread's own asynchronous copies.
+    unsafe { asm!("cp.async.wait_group 1;", options(nostack)) };
+}
