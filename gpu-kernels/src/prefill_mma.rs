@@ -146,10 +146,8 @@ fn pack2<T: Storage>(lo: f32, hi: f32) -> u32 {
     T::to_bits_u32(lo) | (T::to_bits_u32(hi) << 16)
 }
 
-/// Where a block reads K and V.
-struct Kv<T> {
-    k_cache: *const T,
-    v_cache: *const T,
+/// Where a block finds its tokens in the caches.
+struct Kv {
     block_table: *const u32,
     block_size: usize,
     num_kv_heads: usize,
@@ -167,7 +165,7 @@ struct Kv<T> {
 /// 16-byte aligned, not read by any thread until the wait and barrier.
 #[inline(always)]
 unsafe fn stage<T: Storage, const D: usize>(
-    kv: &Kv<T>,
+    kv: &Kv,
     cache: *const T,
     t0: usize,
     kv_end: usize,
@@ -423,8 +421,6 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
         }
     }
     let kv = Kv {
-        k_cache,
-        v_cache,
         // SAFETY: per the function contract.
         block_table: unsafe { block_tables.add(tile.seq * max_blocks_per_seq as usize) },
         block_size: block_size as usize,
@@ -442,13 +438,14 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
     let scale_log2 = scale * core::f32::consts::LOG2_E;
     // FlashAttention-2's pipeline over single K and V tiles: the copy of V(k) runs
     // during S = Q K(k)^T and the copy of K(k + 1) during O += P V(k).
-    // SAFETY (every `stage` below): the block table covers keys below kv_end <=
-    // context_len; each tile is refilled only after the barrier that ends its readers.
+    // SAFETY: the block table covers keys below kv_end <= context_len; no thread reads
+    // a tile before the wait and barrier that follow its copy.
     unsafe { stage::<T, D>(&kv, k_cache, 0, kv_end, ks) };
     let mut t0 = 0;
     while t0 < kv_end {
         let compute = warp_active && t0 <= warp_last;
         sync_threads(); // PV of the previous tile has finished reading V.
+                        // SAFETY: as for the first K tile; V is not read until the barrier before PV.
         unsafe { stage::<T, D>(&kv, v_cache, t0, kv_end, vs) };
         cp_async_wait_group_1(); // K(t0) has landed (V(t0) may still be in flight).
         sync_threads();
@@ -464,6 +461,7 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
         }
         sync_threads(); // Every warp has finished reading K.
         if t0 + bc < kv_end {
+            // SAFETY: as for the first K tile; every warp finished reading K above.
             unsafe { stage::<T, D>(&kv, k_cache, t0 + bc, kv_end, ks) };
             cp_async_wait_group_1(); // V(t0) has landed.
         } else {
