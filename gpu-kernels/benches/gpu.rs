@@ -5,7 +5,9 @@
 //! Llama-3-8B's (batch 64, context 2048, 32/8 heads, head 128), each as v1, v2 at vLLM's
 //! partition 512, and the run-time planner's choice (`gpu_kernels::launch::plan_decode`);
 //! prefill attention at 4 x 2048 and 1 x 8192 tokens (32/8 heads, head 64 and 128) in
-//! TFLOP/s; also `rms_norm` and `reshape_and_cache`. (No cuBLAS GEMM figure yet.)
+//! TFLOP/s, the streaming kernel beside the tensor-core one (`prefill_attention_mma`),
+//! and a cuBLAS bf16 GEMM (8192^3) measured in the same run as their ceiling; also
+//! `rms_norm` and `reshape_and_cache`.
 //!
 //! Every timed kernel is first validated against a CPU reference on a small shape (and
 //! the attention figures are spot-checked at the timed shape), so a figure is never of a
@@ -27,6 +29,9 @@ mod problem;
 #[cfg(feature = "cuda")]
 #[path = "gpu/cuda.rs"]
 mod cuda;
+#[cfg(feature = "cuda")]
+#[path = "gpu/gemm.rs"]
+mod gemm;
 #[cfg(feature = "cuda")]
 #[path = "gpu/gpu_runs.rs"]
 mod gpu_runs;

@@ -182,6 +182,18 @@ define_kernels! {
         prefill_attention_bf16_h96: bf16, 96; prefill_attention_bf16_h128: bf16, 128;
         prefill_attention_bf16_h256: bf16, 256;
     }
+    family (out: *mut T, q: *const T, k_cache: *const T, v_cache: *const T, block_tables: *const u32,
+            context_lens: *const u32, query_start_loc: *const u32, num_seqs: u32, num_kv_heads: u32, scale: f32,
+            block_size: u32, max_blocks_per_seq: u32)
+        => crate::prefill_mma::prefill_attention_mma::<T, D>;
+    {
+        prefill_attention_mma_f16_h16: f16, 16; prefill_attention_mma_f16_h64: f16, 64;
+        prefill_attention_mma_f16_h80: f16, 80; prefill_attention_mma_f16_h96: f16, 96;
+        prefill_attention_mma_f16_h128: f16, 128; prefill_attention_mma_f16_h256: f16, 256;
+        prefill_attention_mma_bf16_h16: bf16, 16; prefill_attention_mma_bf16_h64: bf16, 64;
+        prefill_attention_mma_bf16_h80: bf16, 80; prefill_attention_mma_bf16_h96: bf16, 96;
+        prefill_attention_mma_bf16_h128: bf16, 128; prefill_attention_mma_bf16_h256: bf16, 256;
+    }
     family (key: *const T, value: *const T, k_cache: *mut T, v_cache: *mut T, slot_mapping: *const u32,
             num_kv_heads: u32, head_dim: u32, key_stride: u32, value_stride: u32)
         => crate::cache::reshape_and_cache::<T>;

@@ -268,3 +268,84 @@ pub const fn copy_blocks(num_layers: u32, num_pairs: u32, threads: u32) -> Launc
         shared_mem_bytes: 0,
     }
 }
+
+/// `prefill_attention_mma_*` ([`crate::prefill_mma`]): grid (heads, an upper bound on
+/// the query tiles: `ceil(num_tokens / BR) + num_seqs`, `BR = 16 * threads / 32`),
+/// `threads` a multiple of 32 ([`ATTN_THREADS`]: 64-row tiles), dynamic shared memory
+/// of [`crate::prefill_mma::shared_bytes`] (at most 34 KB: under the 48 KB default).
+pub const fn prefill_mma(
+    num_tokens: u32,
+    num_seqs: u32,
+    num_heads: u32,
+    head_dim: u32,
+    threads: u32,
+) -> LaunchConfig {
+    let br = crate::prefill_mma::WARP_ROWS as u32 * (threads / 32);
+    LaunchConfig {
+        grid: Dim3::xy(num_heads, num_tokens.div_ceil(br) + num_seqs),
+        block: Dim3::x(threads),
+        shared_mem_bytes: crate::prefill_mma::shared_bytes(head_dim as usize),
+    }
+}
+
+/// The prefill kernel family chosen by [`choose_prefill`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// `prefill_attention_mma_*`: tensor cores, launched with [`prefill_mma`].
+    Mma,
+    /// `prefill_attention_*`: the streaming CUDA-core kernel, launched with
+    /// [`prefill_attention`].
+    Streaming,
+}
+
+/// The one rule that picks the prefill kernel: tensor cores for 16-bit caches (`bf16`,
+/// `f16`: `elem_bytes == 2`) at the instantiated head sizes that are multiples of 16;
+/// the streaming kernel otherwise (`f32` caches, other head sizes).
+pub const fn choose_prefill(elem_bytes: u32, head_dim: u32) -> PrefillKernel {
+    let mut i = 0;
+    let mut instantiated = false;
+    while i < crate::attention::HEAD_SIZES.len() {
+        instantiated |= crate::attention::HEAD_SIZES[i] as u32 == head_dim;
+        i += 1;
+    }
+    if elem_bytes == 2 && head_dim.is_multiple_of(16) && instantiated {
+        PrefillKernel::Mma
+    } else {
+        PrefillKernel::Streaming
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_rule_takes_tensor_cores_for_16_bit_multiples_of_16() {
+        for d in [16, 64, 80, 96, 128, 256] {
+            assert_eq!(choose_prefill(2, d), PrefillKernel::Mma, "head {d}");
+            assert_eq!(
+                choose_prefill(4, d),
+                PrefillKernel::Streaming,
+                "f32 head {d}"
+            );
+        }
+        // Not a multiple of 16, or not instantiated.
+        for d in [8, 40, 72, 112, 192, 512] {
+            assert_eq!(choose_prefill(2, d), PrefillKernel::Streaming, "head {d}");
+        }
+    }
+
+    #[test]
+    fn prefill_mma_grid_bounds_the_tiles() {
+        // 3 sequences of 1, 64 and 65 tokens: 1 + 1 + 2 = 4 tiles of 64 rows; the bound
+        // ceil(130 / 64) + 3 = 6 covers them.
+        let c = prefill_mma(130, 3, 8, 128, ATTN_THREADS);
+        assert_eq!(c.grid, Dim3::xy(8, 6));
+        assert_eq!(c.block, Dim3::x(128));
+        assert_eq!(c.shared_mem_bytes, 2 * 64 * 136 * 2);
+        assert_eq!(
+            prefill_mma(1, 1, 1, 256, 128).shared_mem_bytes,
+            2 * 32 * 264 * 2
+        );
+    }
+}

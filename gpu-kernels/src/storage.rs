@@ -7,6 +7,8 @@ use half::{bf16, f16};
 pub trait Storage: Copy + Send + Sync + 'static {
     /// Short name used in entry-point names (`f32`, `f16`, `bf16`).
     const NAME: &'static str;
+    /// `bf16` (the tensor-core instructions name their input type).
+    const BF16: bool = false;
     /// Widens to `f32` (exact).
     fn to_f32(self) -> f32;
     /// Narrows from `f32`, rounding to nearest even.
@@ -114,6 +116,7 @@ impl Storage for f16 {
 
 impl Storage for bf16 {
     const NAME: &'static str = "bf16";
+    const BF16: bool = true;
     #[inline(always)]
     fn from_bits_lossless(bits: u64) -> f32 {
         f32::from_bits((bits as u32) << 16)

@@ -1,103 +1,12 @@
 //! Paged attention kernels on the emulator against an f64 reference.
 mod common;
 
+use common::paged::Paged;
 use common::{assert_close, poisoned, TestRng, BF16, F16, THREADS};
 use gpu_kernels::attention::{paged_attention_v2_reduce, prefill_attention};
 use gpu_kernels::decode::{paged_attention_v1, paged_attention_v2};
 use gpu_kernels::device::emu::launch;
 use gpu_kernels::{launch as geom, Storage};
-
-/// A paged KV cache with ragged sequences placed in shuffled physical blocks.
-struct Paged<T> {
-    block_size: usize,
-    kv_heads: usize,
-    max_blocks: usize,
-    k: Vec<T>,
-    v: Vec<T>,
-    tables: Vec<u32>,
-    ctx: Vec<u32>,
-}
-
-impl<T: Storage> Paged<T> {
-    fn new(
-        r: &mut TestRng,
-        ctx: &[u32],
-        block_size: usize,
-        kv_heads: usize,
-        d: usize,
-        max_blocks: usize,
-    ) -> Self {
-        let used: usize = ctx.iter().map(|&c| (c as usize).div_ceil(block_size)).sum();
-        let num_blocks = used + 3;
-        let perm = r.shuffled(num_blocks);
-        let mut next = 0;
-        let mut tables = Vec::with_capacity(ctx.len() * max_blocks);
-        for &c in ctx {
-            let need = (c as usize).div_ceil(block_size);
-            assert!(need <= max_blocks);
-            for j in 0..max_blocks {
-                // Entries past the context point at random (valid, wrong) blocks.
-                tables.push(if j < need {
-                    next += 1;
-                    perm[next - 1]
-                } else {
-                    r.range(0, num_blocks - 1) as u32
-                });
-            }
-        }
-        let n = num_blocks * block_size * kv_heads * d;
-        Self {
-            block_size,
-            kv_heads,
-            max_blocks,
-            k: r.vec(n, -1.0, 1.0),
-            v: r.vec(n, -1.0, 1.0),
-            tables,
-            ctx: ctx.to_vec(),
-        }
-    }
-
-    fn row(&self, s: usize, t: usize, kvh: usize, d: usize) -> usize {
-        let blk = self.tables[s * self.max_blocks + t / self.block_size] as usize;
-        ((blk * self.block_size + t % self.block_size) * self.kv_heads + kvh) * d
-    }
-
-    /// f64 softmax attention of query row `q` over tokens `0..len` of seq `s`.
-    #[allow(clippy::too_many_arguments)] // mirrors the kernel's problem description
-    fn reference(
-        &self,
-        q: &[T],
-        s: usize,
-        head: usize,
-        heads: usize,
-        len: usize,
-        scale: f64,
-        d: usize,
-    ) -> Vec<f64> {
-        let kvh = head / (heads / self.kv_heads);
-        let logits: Vec<f64> = (0..len)
-            .map(|t| {
-                let k = &self.k[self.row(s, t, kvh, d)..][..d];
-                scale
-                    * q.iter()
-                        .zip(k)
-                        .map(|(a, b)| a.to_f32() as f64 * b.to_f32() as f64)
-                        .sum::<f64>()
-            })
-            .collect();
-        let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let p: Vec<f64> = logits.iter().map(|l| (l - m).exp()).collect();
-        let z: f64 = p.iter().sum();
-        (0..d)
-            .map(|i| {
-                (0..len)
-                    .map(|t| p[t] * self.v[self.row(s, t, kvh, d) + i].to_f32() as f64)
-                    .sum::<f64>()
-                    / z
-            })
-            .collect()
-    }
-}
 
 /// Context lengths: ragged, one exactly at a block boundary, one at the maximum, one of 1.
 fn contexts(r: &mut TestRng, block_size: usize, max_blocks: usize) -> Vec<u32> {

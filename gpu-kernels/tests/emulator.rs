@@ -168,3 +168,133 @@ fn a_panicking_thread_fails_the_launch_instead_of_hanging() {
         })
     };
 }
+
+/// The documented m16n8k16 fragment layout, written out here independently of the
+/// emulator: (row, col) of the two halves of A register `r` held by `lane`.
+fn a_coords(lane: usize, r: usize) -> [(usize, usize); 2] {
+    let (g, t) = (lane / 4, lane % 4);
+    let row = g + 8 * (r % 2);
+    let col = 2 * t + 8 * (r / 2);
+    [(row, col), (row, col + 1)]
+}
+
+/// (k, n) of the two halves of B register `r` held by `lane`.
+fn b_coords(lane: usize, r: usize) -> [(usize, usize); 2] {
+    let (g, t) = (lane / 4, lane % 4);
+    [(2 * t + 8 * r, g), (2 * t + 8 * r + 1, g)]
+}
+
+/// (row, col) of C/D element `i` held by `lane`.
+fn c_coords(lane: usize, i: usize) -> (usize, usize) {
+    let (g, t) = (lane / 4, lane % 4);
+    (g + 8 * (i / 2), 2 * t + i % 2)
+}
+
+fn mma_case<T: gpu_kernels::Storage>(bits: fn(T) -> u16) {
+    let seed = 0x6d6d61u64 ^ T::NAME.len() as u64;
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
+    let mut gen = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| rand::Rng::gen_range(&mut rng, -2.0f32..2.0))
+            .collect()
+    };
+    let a: Vec<T> = gen(16 * 16).into_iter().map(T::from_f32).collect();
+    let b: Vec<T> = gen(16 * 8).into_iter().map(T::from_f32).collect();
+    let c = gen(16 * 8);
+    let pack = |x: [(usize, usize); 2], m: &[T], stride: usize| {
+        bits(m[x[0].0 * stride + x[0].1]) as u32 | (bits(m[x[1].0 * stride + x[1].1]) as u32) << 16
+    };
+    let mut frags = Vec::new();
+    for lane in 0..32 {
+        let fa: [u32; 4] = std::array::from_fn(|r| pack(a_coords(lane, r), &a, 16));
+        let fb: [u32; 2] = std::array::from_fn(|r| pack(b_coords(lane, r), &b, 8));
+        let fc: [f32; 4] = std::array::from_fn(|i| {
+            let (r, col) = c_coords(lane, i);
+            c[r * 8 + col]
+        });
+        frags.push((fa, fb, fc));
+    }
+    let mut out = vec![f32::NAN; 32 * 4];
+    let (o, f) = (out.as_mut_ptr() as usize, frags.as_ptr() as usize);
+    // SAFETY: each lane reads its own fragments and writes its own four outputs.
+    unsafe {
+        launch(cfg(Dim3::x(1), Dim3::x(32), 0), || {
+            let lane = thread_idx_x() as usize;
+            let (fa, fb, fc) = *(f as *const ([u32; 4], [u32; 2], [f32; 4])).add(lane);
+            let d = mma_m16n8k16::<T>(fa, fb, fc);
+            for (i, v) in d.into_iter().enumerate() {
+                *(o as *mut f32).add(lane * 4 + i) = v;
+            }
+        })
+    };
+    for lane in 0..32 {
+        for i in 0..4 {
+            let (r, col) = c_coords(lane, i);
+            let want = c[r * 8 + col] as f64
+                + (0..16)
+                    .map(|k| a[r * 16 + k].to_f32() as f64 * b[k * 8 + col].to_f32() as f64)
+                    .sum::<f64>();
+            let got = out[lane * 4 + i] as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "{} mma: lane {lane} element {i} (row {r}, col {col}): got {got}, want {want}",
+                T::NAME
+            );
+        }
+    }
+}
+
+#[test]
+fn mma_m16n8k16_matches_f64_matmul_through_documented_layout() {
+    mma_case::<half::bf16>(half::bf16::to_bits);
+    mma_case::<half::f16>(half::f16::to_bits);
+}
+
+#[test]
+fn ldmatrix_x4_gives_fragments_and_transposes() {
+    // Four 8x8 matrices of u16, element (m, r, c) = m * 64 + r * 8 + c, rows 16-byte
+    // aligned and padded (stride 12 halves = 24 bytes would break alignment; use 16).
+    const STRIDE: usize = 16;
+    let mut out = vec![0u32; 32 * 8];
+    let o = out.as_mut_ptr() as usize;
+    // SAFETY: lanes write their own slots; the shared buffer is sized for 4 x 8 rows.
+    unsafe {
+        launch(
+            cfg(Dim3::x(1), Dim3::x(32), (4 * 8 * STRIDE * 2) as u32),
+            || {
+                let lane = thread_idx_x() as usize;
+                let s = dynamic_shared_mem() as *mut u16;
+                for i in 0..8 {
+                    let (m, r) = (lane / 8, lane % 8);
+                    *s.add((m * 8 + r) * STRIDE + i) = (m * 64 + r * 8 + i) as u16;
+                }
+                sync_threads();
+                let row = SmemAddr::of(s.add(lane * STRIDE));
+                let n = ldmatrix_x4_b16(row);
+                let t = ldmatrix_x4_trans_b16(row);
+                for i in 0..4 {
+                    *(o as *mut u32).add(lane * 8 + i) = n[i];
+                    *(o as *mut u32).add(lane * 8 + 4 + i) = t[i];
+                }
+            },
+        )
+    };
+    for lane in 0..32u32 {
+        let (g, t) = (lane / 4, lane % 4);
+        for m in 0..4u32 {
+            let at = |r: u32, c: u32| m * 64 + r * 8 + c;
+            let n = at(g, 2 * t) | at(g, 2 * t + 1) << 16;
+            let tr = at(2 * t, g) | at(2 * t + 1, g) << 16;
+            assert_eq!(
+                out[(lane * 8 + m) as usize],
+                n,
+                "ldmatrix lane {lane} matrix {m}"
+            );
+            assert_eq!(
+                out[(lane * 8 + 4 + m) as usize],
+                tr,
+                "ldmatrix.trans lane {lane} matrix {m}"
+            );
+        }
+    }
+}

@@ -86,8 +86,17 @@ fn ptx_entry_points_match_the_host_table() {
 fn kernel_table_has_every_family_dtype_and_head_size() {
     assert_eq!(
         KERNELS.len(),
-        4 * 3 * gpu_kernels::attention::HEAD_SIZES.len() + 8 * 3 + 1 // + greedy_rows_f32
+        4 * 3 * gpu_kernels::attention::HEAD_SIZES.len()
+            + 2 * gpu_kernels::attention::HEAD_SIZES.len() // prefill_attention_mma (f16, bf16)
+            + 8 * 3
+            + 1 // + greedy_rows_f32
     );
+    for dt in ["f16", "bf16"] {
+        for h in gpu_kernels::attention::HEAD_SIZES {
+            let name = format!("prefill_attention_mma_{dt}_h{h}");
+            assert!(KERNELS.iter().any(|k| k.name == name), "missing {name}");
+        }
+    }
     for dt in ["f32", "f16", "bf16"] {
         for h in gpu_kernels::attention::HEAD_SIZES {
             for fam in [

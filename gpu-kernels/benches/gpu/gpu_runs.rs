@@ -9,7 +9,8 @@
 
 use crate::cuda::{gbps, Arg, Gpu, GpuError, Kernel};
 use crate::problem::{
-    check_close, poisoned, rms_norm_reference, BenchRng, CacheWrite, DecodeProblem, DecodeShape, D,
+    check_close, check_close_atol, poisoned, rms_norm_reference, BenchRng, CacheWrite,
+    DecodeProblem, DecodeShape, D,
 };
 use cudarc::driver::CudaSlice;
 use gpu_kernels::launch as geom;
@@ -338,6 +339,7 @@ pub fn bench(gpu: &Gpu, r: &mut BenchRng) -> Result<(), GpuError> {
             bench_prefill(gpu, r, seqs, ctx, d)?;
         }
     }
+    crate::gemm::bench(gpu, r)?;
     bench_rows(gpu, r, copy)
 }
 
@@ -392,7 +394,9 @@ fn bench_decode(
 }
 
 /// Prefill of `seqs` prompts of `ctx` tokens each (32 query / 8 KV heads, head `d`), in
-/// TFLOP/s (`4 * heads * d * sum(position + 1)`), spot-checked on three query rows.
+/// TFLOP/s (`4 * heads * d * sum(position + 1)`: the causal half), the streaming kernel
+/// and the tensor-core kernel on the same problem one after the other, each
+/// spot-checked on three query rows after timing.
 fn bench_prefill(
     gpu: &Gpu,
     r: &mut BenchRng,
@@ -412,53 +416,69 @@ fn bench_prefill(
     let tokens = seqs * ctx as usize;
     let q = r.vec(tokens * heads * d, -1.0, 1.0);
     let qsl: Vec<u32> = (0..=seqs as u32).map(|i| i * ctx).collect();
-    let kernel = gpu.kernel(&format!("prefill_attention_bf16_h{d}"))?;
     let (qd, kd, vd) = (gpu.upload(&q)?, gpu.upload(&p.k)?, gpu.upload(&p.v)?);
     let (td, cd, sd) = (
         gpu.upload(&p.tables)?,
         gpu.upload(&p.shape.ctx)?,
         gpu.upload(&qsl)?,
     );
-    let od = gpu.upload(&poisoned(q.len()))?;
-    let args = [
-        ("out", gpu.ptr(&od)),
-        ("q", gpu.ptr(&qd)),
-        ("k_cache", gpu.ptr(&kd)),
-        ("v_cache", gpu.ptr(&vd)),
-        ("block_tables", gpu.ptr(&td)),
-        ("context_lens", gpu.ptr(&cd)),
-        ("query_start_loc", gpu.ptr(&sd)),
-        ("num_seqs", Arg::U32(seqs as u32)),
-        ("num_kv_heads", Arg::U32(kv_heads as u32)),
-        ("scale", Arg::F32(p.scale)),
-        ("block_size", Arg::U32(16)),
-        ("max_blocks_per_seq", Arg::U32(p.shape.max_blocks() as u32)),
-    ];
-    let cfg = geom::prefill_attention(tokens as u32, heads as u32, ctx, geom::ATTN_THREADS);
-    let ms = gpu.time(1, 5, || gpu.launch(&kernel, cfg, &args))?;
-    let out = gpu.download(&od)?;
     // (token, head): the first row, a row in the middle of the last prompt, the last row.
     let checks = [
         (0usize, 0usize),
         (tokens - ctx as usize / 2, 5),
         (tokens - 1, heads - 1),
     ];
-    let mut got = Vec::new();
     let mut want = Vec::new();
     for (t, h) in checks {
         let (s, pos) = (t / ctx as usize, t % ctx as usize);
         let row = &q[(t * heads + h) * d..][..d];
         want.extend(p.reference_prefix(row, s, h / (heads / kv_heads), pos + 1));
-        got.extend_from_slice(&out[(t * heads + h) * d..][..d]);
     }
-    check_close(&format!("prefill {seqs}x{ctx} h{d}"), r.seed, &got, &want)?;
     let rows_sum = seqs as f64 * ctx as f64 * (ctx as f64 + 1.0) / 2.0;
     let flops = 4.0 * (heads * d) as f64 * rows_sum;
-    println!(
-        "  prefill_attention_bf16_h{d} {seqs}x{ctx}: {:>9.1} us  {:>7.2} TFLOP/s",
-        ms * 1e3,
-        flops / (ms * 1e-3) / 1e12
-    );
+    let threads = geom::ATTN_THREADS;
+    let runs = [
+        (
+            format!("prefill_attention_bf16_h{d}"),
+            geom::prefill_attention(tokens as u32, heads as u32, ctx, threads),
+            1e-3,
+        ),
+        (
+            format!("prefill_attention_mma_bf16_h{d}"),
+            geom::prefill_mma(tokens as u32, seqs as u32, heads as u32, d as u32, threads),
+            1e-3 + 2f64.powi(-9),
+        ),
+    ];
+    for (name, cfg, atol) in runs {
+        let kernel = gpu.kernel(&name)?;
+        let od = gpu.upload(&poisoned(q.len()))?;
+        let args = [
+            ("out", gpu.ptr(&od)),
+            ("q", gpu.ptr(&qd)),
+            ("k_cache", gpu.ptr(&kd)),
+            ("v_cache", gpu.ptr(&vd)),
+            ("block_tables", gpu.ptr(&td)),
+            ("context_lens", gpu.ptr(&cd)),
+            ("query_start_loc", gpu.ptr(&sd)),
+            ("num_seqs", Arg::U32(seqs as u32)),
+            ("num_kv_heads", Arg::U32(kv_heads as u32)),
+            ("scale", Arg::F32(p.scale)),
+            ("block_size", Arg::U32(16)),
+            ("max_blocks_per_seq", Arg::U32(p.shape.max_blocks() as u32)),
+        ];
+        let ms = gpu.time(1, 5, || gpu.launch(&kernel, cfg, &args))?;
+        let out = gpu.download(&od)?;
+        let got: Vec<bf16> = checks
+            .iter()
+            .flat_map(|&(t, h)| out[(t * heads + h) * d..][..d].to_vec())
+            .collect();
+        check_close_atol(&format!("{name} {seqs}x{ctx}"), r.seed, &got, &want, atol)?;
+        println!(
+            "  {name:<34} {seqs}x{ctx}: {:>9.1} us  {:>7.2} TFLOP/s",
+            ms * 1e3,
+            flops / (ms * 1e-3) / 1e12
+        );
+    }
     Ok(())
 }
 

@@ -286,7 +286,18 @@ pub fn rms_norm_reference(x: &[bf16], w: &[bf16], eps: f64) -> Vec<f64> {
 /// Checks `|got - want| <= atol + rtol * |want|` element-wise with vLLM's bf16
 /// tolerances (atol 1e-3, rtol 1.6e-2); NaN fails. Reports the first mismatch.
 pub fn check_close(what: &str, seed: u64, got: &[bf16], want: &[f64]) -> Result<(), String> {
-    const ATOL: f64 = 1e-3;
+    check_close_atol(what, seed, got, want, 1e-3)
+}
+
+/// [`check_close`] with absolute tolerance `atol` (the tensor-core prefill adds 2^-9 for
+/// P rounded to bf16 before the PV product).
+pub fn check_close_atol(
+    what: &str,
+    seed: u64,
+    got: &[bf16],
+    want: &[f64],
+    atol: f64,
+) -> Result<(), String> {
     const RTOL: f64 = 1.6e-2;
     if got.len() != want.len() {
         return Err(format!(
@@ -297,9 +308,9 @@ pub fn check_close(what: &str, seed: u64, got: &[bf16], want: &[f64]) -> Result<
     }
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let g = f64::from(g.to_f32());
-        if (g - w).abs() > ATOL + RTOL * w.abs() || g.is_nan() {
+        if (g - w).abs() > atol + RTOL * w.abs() || g.is_nan() {
             return Err(format!(
-                "{what}: element {i}: got {g}, want {w} (atol {ATOL}, rtol {RTOL}; seed {seed})"
+                "{what}: element {i}: got {g}, want {w} (atol {atol}, rtol {RTOL}; seed {seed})"
             ));
         }
     }

@@ -83,7 +83,12 @@ struct Warp {
     lanes: u32,
     barrier: Barrier,
     slots: [AtomicU32; 32],
+    /// Per-lane words of the warp-wide matrix instructions (`mma`, `ldmatrix`).
+    wide: [[AtomicU32; WIDE]; 32],
 }
+
+/// Words one lane hands to a warp-wide matrix instruction at most (mma: 4 + 2 + 4).
+const WIDE: usize = 10;
 
 /// A shared-memory buffer, 16-byte aligned.
 struct SharedBuf {
@@ -185,6 +190,7 @@ pub unsafe fn launch<F: Fn()>(cfg: LaunchConfig, kernel: F) {
                 lanes,
                 barrier: Barrier::new(lanes as usize),
                 slots: std::array::from_fn(|_| AtomicU32::new(0)),
+                wide: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU32::new(0))),
             }
         })
         .collect();
@@ -291,6 +297,152 @@ pub fn shfl_down_f32(v: f32, delta: u32) -> f32 {
     shuffle(v, |lane| lane + delta)
 }
 
+/// Every lane of the warp hands in `N` words; once all have, `f` reads word `i` of lane
+/// `l` as `get(l, i)` and computes this lane's result. A full warp is required.
+fn warp_exchange<const N: usize, R>(
+    words: [u32; N],
+    f: impl FnOnce(u32, &dyn Fn(u32, usize) -> u32) -> R,
+) -> R {
+    const { assert!(N <= WIDE) };
+    let c = ctx();
+    let l = launch_ref(&c);
+    let w = &l.warps[(c.linear / 32) as usize];
+    assert_eq!(
+        w.lanes, 32,
+        "warp-wide matrix instructions need a full warp"
+    );
+    let lane = c.linear % 32;
+    for (slot, v) in w.wide[lane as usize].iter().zip(words) {
+        slot.store(v, Ordering::Relaxed);
+    }
+    w.barrier.wait(&l.failed);
+    let get = |src: u32, i: usize| w.wide[src as usize][i].load(Ordering::Relaxed);
+    let r = f(lane, &get);
+    w.barrier.wait(&l.failed);
+    r
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32` for the whole warp:
+/// `D = A B + C`, A 16x16, B 16x8, C and D 16x8 in `f32`, in the PTX ISA fragment layout
+/// (`g = lane / 4`, `t = lane % 4`; each `u32` holds two elements, the lower index in
+/// the low half):
+/// - A: `a[0]` = row g, cols 2t..2t+1; `a[1]` = row g+8, same cols; `a[2]` = row g,
+///   cols 2t+8..2t+9; `a[3]` = row g+8, cols 2t+8..2t+9;
+/// - B: `b[0]` = rows (k) 2t..2t+1 of col (n) g; `b[1]` = rows 2t+8..2t+9 of col g;
+/// - C, D: `c[0..2]` = row g, cols 2t, 2t+1; `c[2..4]` = row g+8, cols 2t, 2t+1.
+///
+/// Products of two 16-bit floats are exact in `f32`; the 16 products are summed onto C
+/// in `f32` in k order. `widen` turns a 16-bit pattern into its `f32` value.
+fn mma_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4], widen: fn(u16) -> f32) -> [f32; 4] {
+    let mut words = [0u32; 10];
+    words[..4].copy_from_slice(&a);
+    words[4..6].copy_from_slice(&b);
+    for (w, v) in words[6..].iter_mut().zip(c) {
+        *w = v.to_bits();
+    }
+    warp_exchange(words, |lane, get| {
+        let half = |word: u32, hi: bool| widen(if hi { (word >> 16) as u16 } else { word as u16 });
+        // Element (row, k) of A and (k, col) of B, fetched from the lane that holds it.
+        let a_at = |row: u32, k: u32| {
+            let (g, hi8) = (row % 8, row >= 8);
+            let (t, khi) = ((k % 8) / 2, k >= 8);
+            let reg = hi8 as usize + 2 * khi as usize;
+            half(get(g * 4 + t, reg), k % 2 == 1)
+        };
+        let b_at = |k: u32, col: u32| {
+            let (t, khi) = ((k % 8) / 2, k >= 8);
+            half(get(col * 4 + t, 4 + khi as usize), k % 2 == 1)
+        };
+        let (g, t) = (lane / 4, lane % 4);
+        let mut d = c;
+        for (i, acc) in d.iter_mut().enumerate() {
+            let row = g + 8 * (i as u32 / 2);
+            let col = 2 * t + i as u32 % 2;
+            for k in 0..16 {
+                *acc += a_at(row, k) * b_at(k, col);
+            }
+        }
+        d
+    })
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` (layout: see [`mma_m16n8k16`]).
+pub fn mma_bf16_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    mma_m16n8k16(a, b, c, |h| f32::from_bits((h as u32) << 16))
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (layout: see [`mma_m16n8k16`]).
+pub fn mma_f16_m16n8k16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    mma_m16n8k16(a, b, c, |h| half::f16::from_bits(h).to_f32())
+}
+
+/// An address in the block's shared memory (on the host: the pointer itself).
+#[derive(Clone, Copy)]
+pub struct SmemAddr(usize);
+
+impl SmemAddr {
+    /// The shared-memory address of `p`.
+    pub fn of<T>(p: *const T) -> Self {
+        Self(p as usize)
+    }
+    /// `bytes` further on.
+    pub fn offset(self, bytes: usize) -> Self {
+        Self(self.0 + bytes)
+    }
+    /// The same address (on the device: through an opaque move against loop hoisting).
+    pub fn opaque(self) -> Self {
+        self
+    }
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16`: lane `l` gives the address of row
+/// `l % 8` of 8x8 matrix `l / 8` (16 bytes, 16-byte aligned); result word `i` is this
+/// lane's fragment of matrix `i`: row `lane / 4`, cols `2 (lane % 4)..+1`, or with
+/// `trans` col `lane / 4`, rows `2 (lane % 4)..+1` (lower index in the low half).
+///
+/// # Safety
+/// Every lane's `row` points to 16 readable bytes of shared memory not written
+/// concurrently.
+unsafe fn ldmatrix_x4(row: SmemAddr, trans: bool) -> [u32; 4] {
+    let p = row.0 as u64;
+    warp_exchange([p as u32, (p >> 32) as u32], |lane, get| {
+        let row_ptr = |m: u32, r: u32| {
+            let src = m * 8 + r;
+            (get(src, 0) as u64 | (get(src, 1) as u64) << 32) as usize as *const u16
+        };
+        // SAFETY: the caller guarantees each lane's row is 16 readable bytes.
+        let at = |m: u32, r: u32, c: u32| unsafe { row_ptr(m, r).add(c as usize).read_unaligned() }
+            as u32;
+        let (g, t) = (lane / 4, lane % 4);
+        std::array::from_fn(|m| {
+            let m = m as u32;
+            if trans {
+                at(m, 2 * t, g) | at(m, 2 * t + 1, g) << 16
+            } else {
+                at(m, g, 2 * t) | at(m, g, 2 * t + 1) << 16
+            }
+        })
+    })
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x4.shared.b16` (see [`ldmatrix_x4`] for the layout).
+///
+/// # Safety
+/// Every lane's `row` points to 16 bytes of shared memory not written concurrently.
+pub unsafe fn ldmatrix_x4_b16(row: SmemAddr) -> [u32; 4] {
+    // SAFETY: forwarded.
+    unsafe { ldmatrix_x4(row, false) }
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16` (see [`ldmatrix_x4`]).
+///
+/// # Safety
+/// Every lane's `row` points to 16 bytes of shared memory not written concurrently.
+pub unsafe fn ldmatrix_x4_trans_b16(row: SmemAddr) -> [u32; 4] {
+    // SAFETY: forwarded.
+    unsafe { ldmatrix_x4(row, true) }
+}
+
 /// Base of the block's dynamic shared memory.
 pub fn dynamic_shared_mem() -> *mut u8 {
     launch_ref(&ctx()).dynamic.ptr()
@@ -332,6 +484,11 @@ pub fn exp_fast(x: f32) -> f32 {
     (x * core::f32::consts::LOG2_E).exp2()
 }
 
+/// `2^x`.
+pub fn exp2_fast(x: f32) -> f32 {
+    x.exp2()
+}
+
 /// Square root.
 pub fn sqrt(x: f32) -> f32 {
     x.sqrt()
@@ -366,3 +523,32 @@ pub unsafe fn st_global_v4(p: *mut u32, w: [u32; 4]) {
     // SAFETY: the caller guarantees 16 writable bytes.
     unsafe { p.cast::<[u32; 4]>().write_unaligned(w) }
 }
+
+/// A 16-byte store to shared memory (`st.shared.v4.u32` on the device); unaligned on
+/// the host.
+///
+/// # Safety
+/// `p` is valid for 16 bytes of writes no other thread accesses concurrently.
+pub unsafe fn st_shared_v4(p: *mut u32, w: [u32; 4]) {
+    // SAFETY: the caller guarantees 16 writable bytes.
+    unsafe { p.cast::<[u32; 4]>().write_unaligned(w) }
+}
+
+/// A 16-byte global-to-shared copy (`cp.async.cg.shared.global` on the device, where it
+/// is asynchronous until [`cp_async_wait_all`]); done at once on the host.
+///
+/// # Safety
+/// `dst` and `src` are valid for 16 bytes, not accessed by other threads until the wait.
+pub unsafe fn cp_async_16(dst: SmemAddr, src: *const u32) {
+    // SAFETY: the caller guarantees 16 readable and 16 writable bytes.
+    unsafe { (dst.0 as *mut [u32; 4]).write_unaligned(src.cast::<[u32; 4]>().read_unaligned()) }
+}
+
+/// Waits for this thread's `cp.async` copies (nothing to wait for on the host).
+pub fn cp_async_wait_all() {}
+
+/// Closes this thread's pending `cp.async` copies into a group (nothing on the host).
+pub fn cp_async_commit() {}
+
+/// Waits for all but the latest `cp.async` group (nothing to wait for on the host).
+pub fn cp_async_wait_group_1() {}

@@ -84,6 +84,15 @@ pub fn exp_fast(x: f32) -> f32 {
     r
 }
 
+/// `2^x` via `ex2.approx.ftz.f32` (about 2 ulp).
+#[inline(always)]
+pub fn exp2_fast(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic instruction.
+    unsafe { asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x) };
+    r
+}
+
 /// Correctly rounded square root (`sqrt.rn.f32`).
 #[inline(always)]
 pub fn sqrt(x: f32) -> f32 {
@@ -157,4 +166,169 @@ pub unsafe fn st_global_v4(p: *mut u32, w: [u32; 4]) {
             options(nostack),
         )
     };
+}
+
+/// One 16-byte store to shared memory (`st.shared.v4.u32` on the shared address of `p`).
+///
+/// # Safety
+/// `p` is a 16-byte aligned address of shared memory no other thread accesses
+/// concurrently.
+#[inline(always)]
+pub unsafe fn st_shared_v4(p: *mut u32, w: [u32; 4]) {
+    // SAFETY: the caller guarantees an aligned shared address owned by this thread.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 s; cvta.to.shared.u64 s, {p}; st.shared.v4.u32 [s], {{{a}, {b}, {c}, {d}}}; }}",
+            p = in(reg64) p,
+            a = in(reg32) w[0],
+            b = in(reg32) w[1],
+            c = in(reg32) w[2],
+            d = in(reg32) w[3],
+            options(nostack),
+        )
+    };
+}
+
+macro_rules! mma_m16n8k16 {
+    ($name:ident, $ty:literal) => {
+        #[doc = concat!("`mma.sync.aligned.m16n8k16.row.col.f32.", $ty, ".", $ty, ".f32` for the warp (fragment")]
+        /// layout: see the emulator's `mma_m16n8k16`). Every lane of the warp must call it.
+        #[inline(always)]
+        pub fn $name(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+            let d: [f32; 4];
+            let (d0, d1, d2, d3): (f32, f32, f32, f32);
+            // SAFETY: register-only warp instruction (sm_80+), executed by the full warp.
+            unsafe {
+                asm!(
+                    concat!(
+                        "mma.sync.aligned.m16n8k16.row.col.f32.", $ty, ".", $ty, ".f32 ",
+                        "{{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, ",
+                        "{{{c0}, {c1}, {c2}, {c3}}};"
+                    ),
+                    d0 = out(reg32) d0, d1 = out(reg32) d1, d2 = out(reg32) d2, d3 = out(reg32) d3,
+                    a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                    b0 = in(reg32) b[0], b1 = in(reg32) b[1],
+                    c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
+                    options(pure, nomem, nostack),
+                )
+            };
+            d = [d0, d1, d2, d3];
+            d
+        }
+    };
+}
+
+mma_m16n8k16!(mma_bf16_m16n8k16, "bf16");
+mma_m16n8k16!(mma_f16_m16n8k16, "f16");
+
+/// A 32-bit address in the block's shared-memory window (what `ldmatrix` takes).
+#[derive(Clone, Copy)]
+pub struct SmemAddr(u32);
+
+impl SmemAddr {
+    /// The shared-window address of the generic pointer `p` (`cvta.to.shared`, 32 bits).
+    #[inline(always)]
+    pub fn of<T>(p: *const T) -> Self {
+        let a: u32;
+        // SAFETY: address conversion only, no access.
+        unsafe {
+            asm!(
+                "{{ .reg .u64 t; cvta.to.shared.u64 t, {p}; cvt.u32.u64 {a}, t; }}",
+                a = out(reg32) a,
+                p = in(reg64) p,
+                options(pure, nomem, nostack)
+            )
+        };
+        Self(a)
+    }
+    /// `bytes` further on.
+    #[inline(always)]
+    pub fn offset(self, bytes: usize) -> Self {
+        Self(self.0.wrapping_add(bytes as u32))
+    }
+    /// The same address through an opaque move, so that the compiler does not hoist the
+    /// addresses derived from it out of the enclosing loop (they would stay live in
+    /// registers across it).
+    #[inline(always)]
+    pub fn opaque(self) -> Self {
+        let a: u32;
+        // SAFETY: a register move.
+        unsafe {
+            asm!("mov.u32 {a}, {b};", a = out(reg32) a, b = in(reg32) self.0, options(nomem, nostack))
+        };
+        Self(a)
+    }
+}
+
+macro_rules! ldmatrix_x4 {
+    ($name:ident, $trans:literal) => {
+        #[doc = concat!("`ldmatrix.sync.aligned.m8n8.x4", $trans, ".shared.b16` (layout: see the emulator's")]
+        /// `ldmatrix_x4`). Every lane of the warp must call it.
+        ///
+        /// # Safety
+        /// Every lane's `row` is a 16-byte aligned address of 16 bytes of shared memory not
+        /// written concurrently.
+        #[inline(always)]
+        pub unsafe fn $name(row: SmemAddr) -> [u32; 4] {
+            let (a, b, c, d): (u32, u32, u32, u32);
+            // SAFETY: the caller guarantees aligned shared rows.
+            unsafe {
+                asm!(
+                    concat!("ldmatrix.sync.aligned.m8n8.x4", $trans, ".shared.b16 {{{a}, {b}, {c}, {d}}}, [{p}];"),
+                    p = in(reg32) row.0,
+                    a = out(reg32) a,
+                    b = out(reg32) b,
+                    c = out(reg32) c,
+                    d = out(reg32) d,
+                    options(readonly, nostack),
+                )
+            };
+            [a, b, c, d]
+        }
+    };
+}
+
+ldmatrix_x4!(ldmatrix_x4_b16, "");
+ldmatrix_x4!(ldmatrix_x4_trans_b16, ".trans");
+
+/// Asynchronous 16-byte copy from global to shared memory, bypassing registers and L1
+/// (`cp.async.cg.shared.global`, sm_80+). Complete it with [`cp_async_wait_all`] (then
+/// `sync_threads` before other threads read it).
+///
+/// # Safety
+/// `dst` is 16 bytes of shared memory and `src` 16 bytes of global memory, both 16-byte
+/// aligned, neither accessed by other threads until the copy is waited for.
+#[inline(always)]
+pub unsafe fn cp_async_16(dst: SmemAddr, src: *const u32) {
+    // SAFETY: the caller guarantees aligned shared and global addresses.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 g; cvta.to.global.u64 g, {src}; cp.async.cg.shared.global [{dst}], [g], 16; }}",
+            dst = in(reg32) dst.0,
+            src = in(reg64) src,
+            options(nostack),
+        )
+    };
+}
+
+/// Waits for every `cp.async` of this thread (`cp.async.wait_all`).
+#[inline(always)]
+pub fn cp_async_wait_all() {
+    // SAFETY: waits for this thread's own asynchronous copies.
+    unsafe { asm!("cp.async.wait_all;", options(nostack)) };
+}
+
+/// Closes this thread's pending `cp.async` copies into a group (`cp.async.commit_group`).
+#[inline(always)]
+pub fn cp_async_commit() {
+    // SAFETY: bookkeeping of this thread's own asynchronous copies.
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) };
+}
+
+/// Waits until at most one committed group of this thread's `cp.async` copies is still
+/// pending (`cp.async.wait_group 1`): all but the latest group are complete.
+#[inline(always)]
+pub fn cp_async_wait_group_1() {
+    // SAFETY: waits for this thread's own asynchronous copies.
+    unsafe { asm!("cp.async.wait_group 1;", options(nostack)) };
 }

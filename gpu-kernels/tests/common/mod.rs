@@ -2,6 +2,8 @@
 //! poisoned outputs, tolerance checks in the vLLM style.
 #![allow(dead_code)]
 
+pub mod paged;
+
 use gpu_kernels::Storage;
 use half::{bf16, f16};
 use rand::rngs::StdRng;

@@ -115,7 +115,9 @@ pub struct Kernels {
     paged_v1: Kernel,
     paged_v2: Kernel,
     paged_v2_reduce: Kernel,
+    /// `prefill_attention_mma` or `prefill_attention`, as `prefill_kind` says.
     prefill: Kernel,
+    prefill_kind: geom::PrefillKernel,
     greedy_rows: Kernel,
 }
 
@@ -130,6 +132,7 @@ impl Kernels {
             plain("rotary_embedding_and_cache")?,
             plain("silu_and_mul")?,
         );
+        let prefill_kind = geom::choose_prefill(t.size() as u32, head_dim as u32);
         let mut head = |f: &str| dev.kernel(&format!("{f}_{sfx}_h{head_dim}"));
         Ok(Self {
             embedding,
@@ -139,7 +142,11 @@ impl Kernels {
             paged_v1: head("paged_attention_v1")?,
             paged_v2: head("paged_attention_v2")?,
             paged_v2_reduce: head("paged_attention_v2_reduce")?,
-            prefill: head("prefill_attention")?,
+            prefill: head(match prefill_kind {
+                geom::PrefillKernel::Mma => "prefill_attention_mma",
+                geom::PrefillKernel::Streaming => "prefill_attention",
+            })?,
+            prefill_kind,
             greedy_rows: dev.kernel("greedy_rows_f32")?,
         })
     }

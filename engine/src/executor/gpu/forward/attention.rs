@@ -1,7 +1,9 @@
 //! The attention launch of one layer: the decode kernels (single pass or
 //! split-K, as `gpu_kernels::launch::plan_decode` chooses per step) when every
 //! sequence has one query token, else the prefill kernel over the whole mixed
-//! batch. Split from `forward.rs` to keep the step's orchestration short.
+//! batch: the tensor-core FlashAttention-2 kernel (`prefill_attention_mma`) for
+//! bf16/f16 at head sizes that are multiples of 16, the streaming one otherwise
+//! (`gpu_kernels::launch::choose_prefill`, one rule). Split from `forward.rs` to keep the step's orchestration short.
 //!
 //! Cost: one launch (v1, prefill) or two (v2 + reduce) per layer; the split-K
 //! scratch grows to the largest batch seen and is kept in [`Scratch`].
@@ -114,7 +116,16 @@ pub(super) unsafe fn attention(
         // SAFETY: as above, reading what v2 wrote.
         return unsafe { l.run(l.k.paged_v2_reduce, reduce, &args) };
     }
-    let cfg = geom::prefill_attention(n as u32, d.heads as u32, m.max_context as u32, threads);
+    // One rule (`geom::choose_prefill`, applied when the kernels were resolved):
+    // tensor cores for bf16/f16 at head sizes that are multiples of 16.
+    let cfg = match l.k.prefill_kind {
+        geom::PrefillKernel::Mma => {
+            geom::prefill_mma(n as u32, seqs as u32, d.heads as u32, hd as u32, threads)
+        }
+        geom::PrefillKernel::Streaming => {
+            geom::prefill_attention(n as u32, d.heads as u32, m.max_context as u32, threads)
+        }
+    };
     let [kc, vc, tables, lens] = common;
     let args = [
         out.arg(),

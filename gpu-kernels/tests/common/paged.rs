@@ -1,0 +1,96 @@
+//! A paged KV cache with shuffled physical blocks and the f64 attention reference.
+
+use super::TestRng;
+use gpu_kernels::Storage;
+
+/// A paged KV cache with ragged sequences placed in shuffled physical blocks.
+pub struct Paged<T> {
+    pub block_size: usize,
+    pub kv_heads: usize,
+    pub max_blocks: usize,
+    pub k: Vec<T>,
+    pub v: Vec<T>,
+    pub tables: Vec<u32>,
+    pub ctx: Vec<u32>,
+}
+
+impl<T: Storage> Paged<T> {
+    pub fn new(
+        r: &mut TestRng,
+        ctx: &[u32],
+        block_size: usize,
+        kv_heads: usize,
+        d: usize,
+        max_blocks: usize,
+    ) -> Self {
+        let used: usize = ctx.iter().map(|&c| (c as usize).div_ceil(block_size)).sum();
+        let num_blocks = used + 3;
+        let perm = r.shuffled(num_blocks);
+        let mut next = 0;
+        let mut tables = Vec::with_capacity(ctx.len() * max_blocks);
+        for &c in ctx {
+            let need = (c as usize).div_ceil(block_size);
+            assert!(need <= max_blocks);
+            for j in 0..max_blocks {
+                // Entries past the context point at random (valid, wrong) blocks.
+                tables.push(if j < need {
+                    next += 1;
+                    perm[next - 1]
+                } else {
+                    r.range(0, num_blocks - 1) as u32
+                });
+            }
+        }
+        let n = num_blocks * block_size * kv_heads * d;
+        Self {
+            block_size,
+            kv_heads,
+            max_blocks,
+            k: r.vec(n, -1.0, 1.0),
+            v: r.vec(n, -1.0, 1.0),
+            tables,
+            ctx: ctx.to_vec(),
+        }
+    }
+
+    pub fn row(&self, s: usize, t: usize, kvh: usize, d: usize) -> usize {
+        let blk = self.tables[s * self.max_blocks + t / self.block_size] as usize;
+        ((blk * self.block_size + t % self.block_size) * self.kv_heads + kvh) * d
+    }
+
+    /// f64 softmax attention of query row `q` over tokens `0..len` of seq `s`.
+    #[allow(clippy::too_many_arguments)] // mirrors the kernel's problem description
+    pub fn reference(
+        &self,
+        q: &[T],
+        s: usize,
+        head: usize,
+        heads: usize,
+        len: usize,
+        scale: f64,
+        d: usize,
+    ) -> Vec<f64> {
+        let kvh = head / (heads / self.kv_heads);
+        let logits: Vec<f64> = (0..len)
+            .map(|t| {
+                let k = &self.k[self.row(s, t, kvh, d)..][..d];
+                scale
+                    * q.iter()
+                        .zip(k)
+                        .map(|(a, b)| a.to_f32() as f64 * b.to_f32() as f64)
+                        .sum::<f64>()
+            })
+            .collect();
+        let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = logits.iter().map(|l| (l - m).exp()).collect();
+        let z: f64 = p.iter().sum();
+        (0..d)
+            .map(|i| {
+                (0..len)
+                    .map(|t| p[t] * self.v[self.row(s, t, kvh, d) + i].to_f32() as f64)
+                    .sum::<f64>()
+                    / z
+            })
+            .collect()
+    }
+}
