@@ -192,3 +192,18 @@ fn good_edge_values_parse() {
     assert_eq!(c.serve.engine.block_size, 256);
     assert!((c.serve.engine.gpu_memory_utilization - 1.0).abs() < f64::EPSILON);
 }
+
+#[test]
+fn enforce_eager_reaches_the_executor_request() {
+    use engine::engine_loop::HandleConfig;
+    let eager = parse(&["--enforce-eager", "--max-num-seqs", "64"]).expect("parses");
+    let opts = crate::app::engine_options(&eager.serve.engine, 2048, HandleConfig::default());
+    assert!(opts.executor.enforce_eager);
+    assert_eq!(opts.executor.max_num_seqs, 64);
+    let default = parse(&[]).expect("parses");
+    let opts = crate::app::engine_options(&default.serve.engine, 2048, HandleConfig::default());
+    assert!(
+        !opts.executor.enforce_eager,
+        "CUDA graphs are on by default"
+    );
+}
