@@ -448,7 +448,8 @@ pub fn run_to(
     batch: &ForwardBatch,
     out: Output,
 ) -> Result<StepOut, GpuError> {
-    let m = s.batch.upload(dev, batch, kv.geometry().block_size, None)?;
+    let geometry = (kv.geometry().block_size, d.max_positions);
+    let m = s.batch.upload(dev, batch, geometry, None)?;
     compute(dev, k, d, t, w, kv, s, batch, &m, out)?;
     finish(dev, s, d, batch.logits_rows.len(), out)
 }

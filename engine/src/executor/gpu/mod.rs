@@ -342,11 +342,11 @@ impl<D: Device> GpuExecutor<D> {
             kv: &self.kv,
             max_context: self.dims.max_positions,
         };
-        let bs = self.kv.geometry().block_size;
+        let geometry = (self.kv.geometry().block_size, self.dims.max_positions);
         let m = self
             .scratch
             .batch
-            .upload(&mut self.dev, batch, bs, Some(&pad))?;
+            .upload(&mut self.dev, batch, geometry, Some(&pad))?;
         let rows = batch.seqs.len();
         let print = self.scratch.fingerprint();
         if let Some(g) = self.graphs.find(bucket, out, &print) {

@@ -4,7 +4,9 @@
 //! instead of being rebuilt and uploaded whole.
 //!
 //! - Block tables: one `u32[rows, cols]` device table, row `i` holding the
-//!   step's sequence `i`, and its host mirror. Each step compares every row's
+//!   step's sequence `i`, and its host mirror; `cols` covers the model's
+//!   longest sequence from the start (SmolLM2, 8192 positions in blocks of
+//!   16: 512 columns, 2 KB a row), so only new rows ever grow it. Each step compares every row's
 //!   used blocks (`ceil(context_len / block_size)`) with the mirror and
 //!   uploads only the words that differ (a decode step: the rows that gained
 //!   a block; a sequence that joins: its row), runs closer than
@@ -24,8 +26,8 @@
 //!
 //! Invariants: the mirror equals the device table (both zeroed at
 //! allocation; every change to the mirror is uploaded in the same call); the
-//! table's columns only grow (a growth reallocates, which changes the
-//! address and so retires every captured graph).
+//! table only grows (a growth reallocates, which changes the address and so
+//! retires every captured graph).
 //!
 //! Cost: O(sum of used blocks) host compares per step; bytes up per step:
 //! the step words (about 6 words per sequence in decode) plus the changed
@@ -82,12 +84,14 @@ impl DeviceBatch {
 
     /// Uploads a validated `batch`'s integers (padded to `pad.bucket` rows
     /// when given: a decode-only batch whose logits rows are `0..k`) and
-    /// returns where they are.
+    /// returns where they are. The table gets at least `max_positions /
+    /// block_size` columns at its first allocation (a sequence never needs
+    /// more), so it grows only in rows.
     pub fn upload(
         &mut self,
         dev: &mut dyn Device,
         batch: &ForwardBatch,
-        block_size: usize,
+        (block_size, max_positions): (usize, usize),
         pad: Option<&Padding<'_>>,
     ) -> Result<Meta, GpuError> {
         let k = batch.seqs.len();
@@ -99,6 +103,7 @@ impl DeviceBatch {
             .map(|s| used(s.context_len))
             .max()
             .unwrap_or(0)
+            .max(max_positions.div_ceil(block_size))
             .max(1);
         self.reserve_table(dev, rows, need_cols)?;
         self.runs.clear();

@@ -255,3 +255,65 @@ fn graph_decode_gives_the_eager_ids_as_sequences_join_and_leave() {
         );
     }
 }
+
+#[test]
+fn a_graph_decode_step_is_one_launch_and_uploads_only_what_changed() {
+    use super::super::CountingDevice;
+    let c = config(64);
+    let model = LlamaModel::new(c.clone(), random_weights(&c, 3)).expect("model");
+    let opts = GpuOptions {
+        dtype: DType::Bf16,
+        block_size: BS,
+        kv: KvSizing::Blocks {
+            gpu: BLOCKS,
+            cpu: 0,
+        },
+    };
+    let dev = CountingDevice::new(1 << 30);
+    let counters = dev.counters();
+    let mut gpu = GpuExecutor::new(dev, &model, opts).expect("gpu executor");
+    // Five sequences decoding at `past`, sequence 0's table `blocks0` long.
+    let step = |gpu: &mut GpuExecutor<CountingDevice>, past: usize, blocks0: usize| {
+        let parts: Vec<(Vec<u32>, Vec<BlockId>)> = (0..5)
+            .map(|s| {
+                let n = if s == 0 { blocks0 } else { 2 };
+                (vec![(s * 7) as u32 + 1], table(n, s as u32))
+            })
+            .collect();
+        let b = batch(
+            &parts
+                .iter()
+                .map(|(ids, t)| Part {
+                    ids,
+                    past: if t.len() == 3 { past + 3 } else { past },
+                    table: t,
+                    want: &[0],
+                })
+                .collect::<Vec<_>>(),
+        );
+        let before = counters.get();
+        let rows = gpu
+            .execute_greedy(&BlockOps::default(), &b)
+            .expect("step")
+            .expect("rows");
+        assert_eq!(rows.len(), 5);
+        counters.get().since(&before)
+    };
+    let first = step(&mut gpu, 4, 2);
+    assert_eq!(first.captures, 1, "bucket 8 captured on first use");
+    // Same tables, one position on: one graph launch, nothing launched
+    // eagerly, one upload of the step words: 8 rows of ids, positions,
+    // slots, logits rows and context lengths, 9 query starts (49 words).
+    let same = step(&mut gpu, 5, 2);
+    assert_eq!(
+        (same.graph_launches, same.launches, same.gemms, same.captures),
+        (1, 0, 0, 0)
+    );
+    assert_eq!((same.uploads, same.upload_bytes), (1, 49 * 4));
+    assert_eq!((same.downloads, same.download_bytes), (1, 5 * 12));
+    // Sequence 0 gains a third block (context 9): that one table word goes
+    // up too.
+    let grown = step(&mut gpu, 5, 3);
+    assert_eq!((grown.graph_launches, grown.launches), (1, 0));
+    assert_eq!((grown.uploads, grown.upload_bytes), (2, 49 * 4 + 4));
+}
