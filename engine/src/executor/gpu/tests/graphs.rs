@@ -306,7 +306,12 @@ fn a_graph_decode_step_is_one_launch_and_uploads_only_what_changed() {
     // slots, logits rows and context lengths, 9 query starts (49 words).
     let same = step(&mut gpu, 5, 2);
     assert_eq!(
-        (same.graph_launches, same.launches, same.gemms, same.captures),
+        (
+            same.graph_launches,
+            same.launches,
+            same.gemms,
+            same.captures
+        ),
         (1, 0, 0, 0)
     );
     assert_eq!((same.uploads, same.upload_bytes), (1, 49 * 4));
