@@ -16,15 +16,20 @@
 //! file's mean prompt length for SmolLM2), from a fixed seed. The prompts'
 //! token ids are synthetic either way (the device computes nothing).
 //!
-//! After every prompt is prefilled, STEPS pure decode steps are timed one by
-//! one. Reported per decode step: host microseconds (median and mean; split
+//! Two engines run it side by side, eager (`--enforce-eager`) and with CUDA
+//! graphs (decode steps padded to a bucket and replayed as one graph
+//! launch); after every prompt is prefilled, STEPS pure decode steps of each
+//! are timed, the two interleaved step by step. Reported per decode step: host microseconds (median and mean; split
 //! into schedule / execute / postprocess from the engine's own timings),
-//! kernel launches, GEMMs, uploads and bytes, downloads and bytes, host
+//! kernel launches and GEMMs issued eagerly, graph launches (and graphs
+//! captured), uploads and bytes, downloads and bytes, host
 //! waits, and heap allocations and bytes (a counting global allocator).
 //! Wall time on a shared machine is noisy: the process CPU time per step is
 //! printed beside it.
 
-use engine::executor::gpu::{CountingDevice, DType, GpuExecutor, GpuOptions, KvSizing};
+use engine::executor::gpu::{
+    Counters, CountersHandle, CountingDevice, DType, GpuExecutor, GpuOptions, KvSizing,
+};
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
 use engine::model::LlamaModel;
 use engine::scheduler::{RequestId, RequestParams, SchedulerConfig};
@@ -180,26 +185,20 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let seqs = args.first().copied().unwrap_or(256);
-    let steps = args.get(1).copied().unwrap_or(64);
-    let (lens, source) = match sharegpt_lengths(seqs) {
-        Some(l) => (l, "fetched ShareGPT prompt lengths"),
-        None => (
-            synthetic_lengths(seqs),
-            "synthetic 4 + Exp(232) prompt lengths (no fetched ShareGPT file)",
-        ),
-    };
-    let prompt_total: usize = lens.iter().sum();
-    let blocks = lens
-        .iter()
-        .map(|l| (l + OUTPUT).div_ceil(BLOCK) + 1)
-        .sum::<usize>();
+/// One engine of the comparison, with its device's counters.
+struct Run {
+    name: &'static str,
+    engine: LlmEngine,
+    counters: CountersHandle,
+    times: Vec<f64>,
+    allocs: (u64, u64),
+    c0: Counters,
+    t0: engine::engine_loop::StepTimings,
+}
 
+/// The engine over a counting device, every prompt submitted and prefilled.
+fn start(name: &'static str, lens: &[usize], blocks: usize, graphs: bool) -> (Run, usize) {
+    let seqs = lens.len();
     let config = smollm2_config();
     let model = LlamaModel::new(config.clone(), const_weights(&config)).expect("model");
     let dev = CountingDevice::new(141 << 30);
@@ -212,7 +211,9 @@ fn main() {
             cpu: 0,
         },
     };
-    let exec = GpuExecutor::new(dev, &model, opts).expect("GPU executor on the counting device");
+    let exec = GpuExecutor::new(dev, &model, opts)
+        .expect("GPU executor on the counting device")
+        .with_cuda_graphs(seqs, !graphs);
     drop(model);
     let mut kv_cfg = PagedKvConfig::new(BLOCK, blocks, 0);
     kv_cfg.enable_prefix_caching = false;
@@ -240,64 +241,123 @@ fn main() {
             .add_request(RequestId(i as u64), prompt, params)
             .expect("request");
     }
+    let prompt_total: usize = lens.iter().sum();
     let mut prefill_steps = 0;
     while engine.stats().scheduler.prompt_tokens < prompt_total as u64 {
         engine.step();
         prefill_steps += 1;
     }
-
-    let mut times = Vec::with_capacity(steps);
     let (c0, t0) = (counters.get(), engine.timings());
-    let (a0, b0) = (ALLOCS.load(Relaxed), ALLOC_BYTES.load(Relaxed));
+    let run = Run {
+        name,
+        engine,
+        counters,
+        times: Vec::new(),
+        allocs: (0, 0),
+        c0,
+        t0,
+    };
+    (run, prefill_steps)
+}
+
+impl Run {
+    /// One timed decode step.
+    fn step(&mut self, seqs: usize) {
+        let (a0, b0) = (ALLOCS.load(Relaxed), ALLOC_BYTES.load(Relaxed));
+        let start = Instant::now();
+        let outs = self.engine.step();
+        self.times.push(start.elapsed().as_secs_f64() * 1e6);
+        self.allocs.0 += ALLOCS.load(Relaxed) - a0;
+        self.allocs.1 += ALLOC_BYTES.load(Relaxed) - b0;
+        assert_eq!(outs.len(), seqs, "every sequence decodes each step");
+    }
+
+    /// This run's column of the table: one value per row of [`ROWS`].
+    fn column(&mut self, steps: usize) -> Vec<String> {
+        let (c, t) = (self.counters.get().since(&self.c0), self.engine.timings());
+        let per = |x: u64| x as f64 / steps as f64;
+        let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / steps as f64;
+        let mean = self.times.iter().sum::<f64>() / steps as f64;
+        let t0 = &self.t0;
+        vec![
+            format!("{:.0}", median(&mut self.times)),
+            format!("{mean:.0}"),
+            format!(
+                "{:.0} / {:.0} / {:.0}",
+                us(t.schedule - t0.schedule),
+                us(t.execute - t0.execute),
+                us(t.postprocess - t0.postprocess)
+            ),
+            format!("{:.1}", per(c.launches)),
+            format!("{:.1}", per(c.gemms)),
+            format!("{:.2} ({} captured)", per(c.graph_launches), c.captures),
+            format!("{:.1} ({:.0})", per(c.uploads), per(c.upload_bytes)),
+            format!("{:.1} ({:.0})", per(c.downloads), per(c.download_bytes)),
+            format!("{:.1}", per(c.host_waits())),
+            format!("{:.1}", per(c.allocs)),
+            format!("{:.0} ({:.0})", per(self.allocs.0), per(self.allocs.1)),
+        ]
+    }
+}
+
+/// The table's rows (per decode step).
+const ROWS: [&str; 11] = [
+    "host us (median)",
+    "host us (mean)",
+    "of which schedule / execute / postprocess us",
+    "kernel launches (eager)",
+    "GEMMs (eager)",
+    "graph launches",
+    "uploads (bytes)",
+    "downloads (bytes)",
+    "host waits",
+    "device allocs",
+    "heap allocations (bytes)",
+];
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let seqs = args.first().copied().unwrap_or(256);
+    let steps = args.get(1).copied().unwrap_or(64);
+    let (lens, source) = match sharegpt_lengths(seqs) {
+        Some(l) => (l, "fetched ShareGPT prompt lengths"),
+        None => (
+            synthetic_lengths(seqs),
+            "synthetic 4 + Exp(232) prompt lengths (no fetched ShareGPT file)",
+        ),
+    };
+    let prompt_total: usize = lens.iter().sum();
+    let blocks = lens
+        .iter()
+        .map(|l| (l + OUTPUT).div_ceil(BLOCK) + 1)
+        .sum::<usize>();
+    let (eager, prefill_steps) = start("eager (--enforce-eager)", &lens, blocks, false);
+    let (graphs, _) = start("CUDA graphs", &lens, blocks, true);
+    let mut runs = [eager, graphs];
+    // Interleaved, so that both modes see the same machine load.
     let cpu0 = cpu_seconds();
     for _ in 0..steps {
-        let start = Instant::now();
-        let outs = engine.step();
-        times.push(start.elapsed().as_secs_f64() * 1e6);
-        assert_eq!(outs.len(), seqs, "every sequence decodes each step");
+        for r in &mut runs {
+            r.step(seqs);
+        }
     }
     let cpu = cpu_seconds()
         .zip(cpu0)
-        .map(|(b, a)| (b - a) * 1e6 / steps as f64);
-    let (c, t) = (counters.get().since(&c0), engine.timings());
-    let (allocs, alloc_bytes) = (ALLOCS.load(Relaxed) - a0, ALLOC_BYTES.load(Relaxed) - b0);
-    let per = |x: u64| x as f64 / steps as f64;
-    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / steps as f64;
-    let mean = times.iter().sum::<f64>() / steps as f64;
+        .map(|(b, a)| (b - a) * 1e6 / (2 * steps) as f64);
     println!(
-        "gpu_host: {seqs} sequences, {source}: mean prompt {:.0} tokens; {prefill_steps} prefill steps, then {steps} decode steps",
+        "gpu_host: {seqs} sequences, {source}: mean prompt {:.0} tokens; {prefill_steps} prefill steps, then {steps} decode steps per mode, the two modes interleaved step by step",
         prompt_total as f64 / seqs as f64
     );
-    println!("| per decode step | value |");
-    println!("|---|---|");
-    println!("| host us (median) | {:.0} |", median(&mut times));
-    println!("| host us (mean) | {mean:.0} |");
-    if let Some(cpu) = cpu {
-        println!("| process CPU us (all threads, 10 ms ticks) | {cpu:.0} |");
+    let cols: Vec<Vec<String>> = runs.iter_mut().map(|r| r.column(steps)).collect();
+    println!("| per decode step | {} | {} |", runs[0].name, runs[1].name);
+    println!("|---|---|---|");
+    for (i, row) in ROWS.iter().enumerate() {
+        println!("| {row} | {} | {} |", cols[0][i], cols[1][i]);
     }
-    println!(
-        "| of which schedule / execute / postprocess us | {:.0} / {:.0} / {:.0} |",
-        us(t.schedule - t0.schedule),
-        us(t.execute - t0.execute),
-        us(t.postprocess - t0.postprocess)
-    );
-    println!("| kernel launches | {:.1} |", per(c.launches));
-    println!("| GEMMs | {:.1} |", per(c.gemms));
-    println!(
-        "| uploads (bytes) | {:.1} ({:.0}) |",
-        per(c.uploads),
-        per(c.upload_bytes)
-    );
-    println!(
-        "| downloads (bytes) | {:.1} ({:.0}) |",
-        per(c.downloads),
-        per(c.download_bytes)
-    );
-    println!("| host waits | {:.1} |", per(c.host_waits()));
-    println!("| device allocs | {:.1} |", per(c.allocs));
-    println!(
-        "| heap allocations (bytes) | {:.0} ({:.0}) |",
-        per(allocs),
-        per(alloc_bytes)
-    );
+    if let Some(cpu) = cpu {
+        println!("process CPU us per decode step, both modes averaged (10 ms ticks): {cpu:.0}");
+    }
 }

@@ -73,6 +73,8 @@ pub fn engine_options(
                 DtypeArg::Float16 => DType::F16,
                 DtypeArg::Float32 => DType::F32,
             },
+            max_num_seqs: args.max_num_seqs,
+            enforce_eager: args.enforce_eager,
         },
         enable_prefix_caching: args.enable_prefix_caching,
         handle,

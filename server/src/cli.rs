@@ -269,6 +269,11 @@ pub struct EngineArgs {
     /// cache (the KV pool gets what a profile run leaves of it). Range: (0, 1].
     #[arg(long, global = true, value_name = "F", default_value_t = 0.9, value_parser = range::fraction)]
     pub gpu_memory_utilization: f64,
+    /// GPU only: run every step eagerly, without CUDA graphs (by default a
+    /// decode-only step of up to min(512, --max-num-seqs) sequences is padded
+    /// to a batch-size bucket and replayed as that bucket's graph).
+    #[arg(long, global = true)]
+    pub enforce_eager: bool,
     /// Element type of weights, activations and KV cache on the GPU; on the
     /// CPU, `auto` keeps quantized GGUF weights quantized, `float32`
     /// dequantizes them at load.

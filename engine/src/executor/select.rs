@@ -68,6 +68,10 @@ pub struct ExecutorRequest {
     pub max_num_batched_tokens: usize,
     /// CUDA: element type of weights, activations and KV cache.
     pub dtype: DType,
+    /// CUDA: decode steps of up to `min(512, max_num_seqs)` sequences run as
+    /// CUDA graphs (one per batch-size bucket) unless `enforce_eager`.
+    pub max_num_seqs: usize,
+    pub enforce_eager: bool,
 }
 
 /// The built executor and a line saying what it is (for the startup log).
@@ -143,7 +147,8 @@ fn cuda(model: &LlamaModel, req: &ExecutorRequest) -> Result<BuiltExecutor, Exec
     let description = format!("cuda: {}", super::gpu::Device::describe(&dev));
     // The GPU runs f32/f16/bf16 matrices: a quantized model is dequantized
     // for the upload (the copy is dropped once uploaded).
-    let exec = GpuExecutor::new(dev, &*model.to_f32(), opts)?;
+    let exec = GpuExecutor::new(dev, &*model.to_f32(), opts)?
+        .with_cuda_graphs(req.max_num_seqs, req.enforce_eager);
     Ok(BuiltExecutor {
         executor: Box::new(exec),
         description,
@@ -178,6 +183,8 @@ mod tests {
             gpu_memory_utilization: 0.9,
             max_num_batched_tokens: 64,
             dtype: DType::Bf16,
+            max_num_seqs: 8,
+            enforce_eager: false,
         }
     }
 

@@ -206,3 +206,18 @@ fn async_scheduling_is_off_unless_asked() {
     };
     assert!(s.engine.async_scheduling);
 }
+
+#[test]
+fn enforce_eager_reaches_the_executor_request() {
+    use engine::engine_loop::HandleConfig;
+    let eager = parse(&["--enforce-eager", "--max-num-seqs", "64"]).expect("parses");
+    let opts = crate::app::engine_options(&eager.serve.engine, 2048, HandleConfig::default());
+    assert!(opts.executor.enforce_eager);
+    assert_eq!(opts.executor.max_num_seqs, 64);
+    let default = parse(&[]).expect("parses");
+    let opts = crate::app::engine_options(&default.serve.engine, 2048, HandleConfig::default());
+    assert!(
+        !opts.executor.enforce_eager,
+        "CUDA graphs are on by default"
+    );
+}

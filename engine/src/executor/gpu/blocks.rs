@@ -1,9 +1,13 @@
 //! The KV pools of the GPU executor and the block operations on them.
 //!
 //! Device pool: one allocation; the K (then V) cache of layer `l` is the
-//! region `(2 l + kv) * num_blocks * block_bytes`, each laid out `[num_blocks,
+//! region `(2 l + kv) * (num_blocks + pad) * block_bytes`, each laid out `[num_blocks,
 //! block_size, num_kv_heads, head_dim]`, so one block of one layer's K is
-//! `block_bytes` contiguous bytes. The host swap pool (page-locked on CUDA)
+//! `block_bytes` contiguous bytes. Past the `num_blocks` blocks the scheduler
+//! owns, each layer's region has [`pad_blocks`] more that no sequence ever
+//! gets: the padding rows of a CUDA-graph decode step write their K and V
+//! there (vLLM's padding slot), so a padded row never touches a real block.
+//! The host swap pool (page-locked on CUDA)
 //! has the same layout with its own block count.
 //!
 //! A step's block operations run in the contract's order: swap out, swap in
@@ -18,6 +22,15 @@ use crate::executor::KvGeometry;
 use crate::executor::{BlockOps, ExecError};
 use crate::kv::{BlockCopy, BlockId};
 use gpu_kernels::{launch as geom, KernelArg};
+
+/// Padding rows a graph bucket may add (buckets are 1, 2, 4, 8 then
+/// multiples of 8: at most 7 rows of padding).
+pub const MAX_PAD_ROWS: usize = 7;
+
+/// Blocks past the pool for padding rows' slots: one distinct slot per row.
+pub fn pad_blocks(block_size: usize) -> usize {
+    MAX_PAD_ROWS.div_ceil(block_size.max(1))
+}
 
 /// Device and host KV pools.
 pub struct KvPools {
@@ -47,13 +60,10 @@ impl KvPools {
         dtype: DType,
     ) -> Result<Self, GpuError> {
         let block_bytes = geom.block_elems() * dtype.size();
-        let device = dev.alloc(2 * geom.num_layers * geom.num_blocks * block_bytes)?;
+        let stride = geom.num_blocks + pad_blocks(geom.block_size);
+        let device = dev.alloc(2 * geom.num_layers * stride * block_bytes)?;
         let host = dev.alloc_host(2 * geom.num_layers * num_cpu_blocks * block_bytes)?;
-        let layer = |l: usize, kv: usize| {
-            device
-                .ptr
-                .offset((2 * l + kv) * geom.num_blocks * block_bytes)
-        };
+        let layer = |l: usize, kv: usize| device.ptr.offset((2 * l + kv) * stride * block_bytes);
         let table = |kv: usize| -> Vec<u8> {
             (0..geom.num_layers)
                 .flat_map(|l| layer(l, kv).0.to_le_bytes())
@@ -108,9 +118,16 @@ impl KvPools {
 
     /// Start of layer `l`'s K (`kv == 0`) or V cache.
     pub fn layer_ptr(&self, l: usize, kv: usize) -> DevPtr {
+        let stride = self.geom.num_blocks + pad_blocks(self.geom.block_size);
         self.device
             .ptr
-            .offset((2 * l + kv) * self.geom.num_blocks * self.block_bytes())
+            .offset((2 * l + kv) * stride * self.block_bytes())
+    }
+
+    /// The cache slot of padding row `j` (`j < MAX_PAD_ROWS`): in the padding
+    /// blocks past the pool, distinct per row.
+    pub fn pad_slot(&self, j: usize) -> usize {
+        self.geom.num_blocks * self.geom.block_size + j
     }
 
     fn device_block(&self, l: usize, kv: usize, b: BlockId) -> DevPtr {

@@ -8,13 +8,15 @@
 //! Invariants: allocations get distinct, 256-byte aligned fake addresses that
 //! are never dereferenced; uploads are counted and dropped; downloads leave
 //! the destination as it is (the caller's bytes, usually zeros); every other
-//! call only counts. Kernel names are still checked against
+//! call only counts. Launches and GEMMs issued while capturing a graph are
+//! counted as `captured_ops`, not as launches; a replay counts one graph
+//! launch (what the host pays for on CUDA). Kernel names are still checked against
 //! `gpu_kernels::KERNELS` when resolved, so an executor that would resolve an
 //! unknown kernel on CUDA fails here too.
 //!
 //! Cost: O(1) per call.
 
-use super::device::{DevBuf, DevPtr, Device, Gemm, HostBuf, Kernel, ThreadsFor};
+use super::device::{DevBuf, DevPtr, Device, Gemm, GraphId, HostBuf, Kernel, ThreadsFor};
 use super::GpuError;
 use gpu_kernels::{KernelArg, LaunchConfig};
 
@@ -39,6 +41,10 @@ pub struct Counters {
     /// Device allocations and frees.
     pub allocs: u64,
     pub frees: u64,
+    /// Graphs captured, launches and GEMMs recorded into them, graph launches.
+    pub captures: u64,
+    pub captured_ops: u64,
+    pub graph_launches: u64,
 }
 
 impl Counters {
@@ -56,6 +62,9 @@ impl Counters {
             syncs: self.syncs - earlier.syncs,
             allocs: self.allocs - earlier.allocs,
             frees: self.frees - earlier.frees,
+            captures: self.captures - earlier.captures,
+            captured_ops: self.captured_ops - earlier.captured_ops,
+            graph_launches: self.graph_launches - earlier.graph_launches,
         }
     }
 
@@ -71,6 +80,8 @@ pub struct CountingDevice {
     next_addr: u64,
     next_slot: usize,
     total_bytes: usize,
+    capturing: bool,
+    graphs: usize,
 }
 
 impl CountingDevice {
@@ -81,6 +92,8 @@ impl CountingDevice {
             next_addr: 1 << 32,
             next_slot: 0,
             total_bytes,
+            capturing: false,
+            graphs: 0,
         }
     }
 
@@ -217,17 +230,52 @@ impl Device for CountingDevice {
         _cfg: LaunchConfig,
         _args: &[KernelArg],
     ) -> Result<(), GpuError> {
-        self.count(|c| c.launches += 1);
+        match self.capturing {
+            true => self.count(|c| c.captured_ops += 1),
+            false => self.count(|c| c.launches += 1),
+        }
         Ok(())
     }
 
     unsafe fn gemm(&mut self, _g: &Gemm) -> Result<(), GpuError> {
-        self.count(|c| c.gemms += 1);
+        match self.capturing {
+            true => self.count(|c| c.captured_ops += 1),
+            false => self.count(|c| c.gemms += 1),
+        }
         Ok(())
     }
 
     fn synchronize(&mut self) -> Result<(), GpuError> {
         self.count(|c| c.syncs += 1);
+        Ok(())
+    }
+
+    fn begin_capture(&mut self) -> Result<(), GpuError> {
+        if self.capturing {
+            return Err(GpuError::Device("counting: nested capture".into()));
+        }
+        self.capturing = true;
+        Ok(())
+    }
+
+    fn end_capture(&mut self) -> Result<GraphId, GpuError> {
+        if !self.capturing {
+            return Err(GpuError::Device(
+                "counting: end_capture without begin".into(),
+            ));
+        }
+        self.capturing = false;
+        self.graphs += 1;
+        self.count(|c| c.captures += 1);
+        Ok(GraphId(self.graphs - 1))
+    }
+
+    unsafe fn launch_graph(&mut self, _graph: GraphId) -> Result<(), GpuError> {
+        self.count(|c| c.graph_launches += 1);
+        Ok(())
+    }
+
+    fn drop_graph(&mut self, _graph: GraphId) -> Result<(), GpuError> {
         Ok(())
     }
 }

@@ -11,6 +11,19 @@
 //! - cuBLAS: found by [`super::cublas_path`] (CUDA 12 or 13, wheel folders
 //!   included) and opened before cudarc asks for it.
 //! - GEMMs: cuBLAS `GemmEx`, f32 accumulation (`CUBLAS_COMPUTE_32F`).
+//! - Context binding: once per thread. [`CudaDevice`] remembers, per thread
+//!   (a thread-local), which context it last made current there; a call on a
+//!   thread where it is already current costs one thread-local read and no
+//!   driver call. Whichever thread calls (the engine may move the executor to
+//!   a worker thread) binds on its first call. The hot path (launches, GEMMs,
+//!   copies, synchronizations, graph launches) uses cudarc's raw `result`
+//!   calls, which do not re-bind as cudarc's safe wrappers do at every call.
+//!   Assumes nothing else in the process makes another context current on
+//!   that thread (nothing does: the engine has one device).
+//! - Graphs: [`Device::begin_capture`] is cudarc's stream capture of the
+//!   compute stream (thread-local mode); cuBLAS gets a fixed 32 MiB workspace
+//!   so that no GEMM allocates while captured. Everything but launches and
+//!   GEMMs is refused while capturing.
 //! - Streams: one compute stream (cuBLAS is bound to it) and one swap stream
 //!   for the host<->device block copies, ordered by events as the
 //!   [`Device`] contract says. Host swap memory is page-locked (`cuMemHostAlloc`).
@@ -19,20 +32,30 @@
 //! the orchestration it serves is tested on [`super::EmuDevice`], but this
 //! file's driver calls have not yet run on hardware.
 
+use super::device::GraphId;
 use super::device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, Kernel, ThreadsFor};
 use super::GpuError;
 use cudarc::cublas::{self, CudaBlas};
-use cudarc::driver::{
-    result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, PushKernelArg,
-};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use gpu_kernels::{check_args, KernelArg, KernelSig, LaunchConfig};
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Page-locked staging for small uploads (a 256-sequence step's metadata is
 /// about 75 KB).
 const STAGING_BYTES: usize = 4 << 20;
+
+/// cuBLAS workspace, set once so that captured GEMMs never allocate
+/// (NVIDIA's advice for Hopper is 32 MiB).
+const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+thread_local! {
+    /// The `CUcontext` (as an address) a [`CudaDevice`] last made current on
+    /// this thread; 0 when none.
+    static BOUND: Cell<usize> = const { Cell::new(0) };
+}
 
 fn drv(e: impl std::fmt::Debug) -> GpuError {
     GpuError::Device(format!("{e:?}"))
@@ -87,11 +110,18 @@ pub struct CudaDevice {
     max_shared: usize,
     /// Streaming multiprocessors (the decode planner's input).
     sm_count: u32,
+    /// cuBLAS's fixed workspace (device memory, freed on drop).
+    blas_workspace: sys::CUdeviceptr,
+    /// Captured graphs (indexed by [`GraphId`]) and whether one is recording.
+    graphs: Vec<Option<CudaGraph>>,
+    capturing: bool,
 }
 
 // SAFETY: the raw host pointers are page-locked allocations owned by this
-// device and only touched through `&mut self`; the CUDA handles are usable
-// from any thread once the context is bound (every method binds it first).
+// device and only touched through `&mut self`; the CUDA handles (graphs
+// included, which CUDA requires be used by one thread at a time: `&mut self`
+// serializes them) are usable from any thread once the context is bound
+// there (every method binds it first, once per thread).
 unsafe impl Send for CudaDevice {}
 
 impl CudaDevice {
@@ -119,6 +149,22 @@ impl CudaDevice {
         let compute = ctx.new_stream().map_err(drv)?;
         let swap = ctx.new_stream().map_err(drv)?;
         let blas = CudaBlas::new(compute.clone()).map_err(drv)?;
+        // SAFETY: a plain allocation, owned by the device until drop.
+        let blas_workspace = unsafe { result::malloc_sync(CUBLAS_WORKSPACE_BYTES) }
+            .map_err(|e| GpuError::OutOfMemory(format!("cuBLAS workspace: {e:?}")))?;
+        // SAFETY: the handle is live; the workspace is a device allocation of
+        // the size given, kept until the device (and the handle) drop. Set
+        // after the handle's stream, since setting a stream resets it.
+        let status = unsafe {
+            cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                blas_workspace as *mut _,
+                CUBLAS_WORKSPACE_BYTES,
+            )
+        };
+        if status != cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(GpuError::Device(format!("cublasSetWorkspace: {status:?}")));
+        }
         let optin = ctx
             .attribute(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -145,11 +191,38 @@ impl CudaDevice {
             // The attention kernels' static shared memory is about 1.2 KB.
             max_shared: optin.saturating_sub(2048),
             sm_count,
+            blas_workspace,
+            graphs: Vec::new(),
+            capturing: false,
         })
     }
 
+    /// Makes the context current on the calling thread, once per thread (see
+    /// the module docs).
     fn bind(&self) -> Result<(), GpuError> {
-        self.ctx.bind_to_thread().map_err(drv)
+        let ctx = self.ctx.cu_ctx() as usize;
+        if BOUND.with(Cell::get) == ctx {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(drv)?;
+        BOUND.with(|b| b.set(ctx));
+        Ok(())
+    }
+
+    /// An error while a graph is being captured (`what` cannot be recorded).
+    fn not_capturing(&self, what: &str) -> Result<(), GpuError> {
+        if self.capturing {
+            return Err(GpuError::Device(format!("{what} while capturing a graph")));
+        }
+        Ok(())
+    }
+
+    /// Waits for the compute stream (bound already).
+    fn sync_compute(&mut self) -> Result<(), GpuError> {
+        // SAFETY: the stream is live for the device's life.
+        unsafe { result::stream::synchronize(self.compute.cu_stream()) }.map_err(drv)?;
+        self.staged = 0;
+        Ok(())
     }
 
     fn host_slice(&mut self, h: &HostBuf, off: usize, bytes: usize) -> Result<&mut [u8], GpuError> {
@@ -245,6 +318,7 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&mut self, bytes: usize) -> Result<DevBuf, GpuError> {
+        self.not_capturing("alloc")?;
         self.bind()?;
         let n = bytes.max(1);
         // SAFETY: a plain allocation, zeroed before use.
@@ -261,6 +335,7 @@ impl Device for CudaDevice {
     }
 
     fn free(&mut self, buf: DevBuf) -> Result<(), GpuError> {
+        self.not_capturing("free")?;
         self.bind()?;
         self.synchronize()?;
         let (ptr, _) = self
@@ -295,6 +370,7 @@ impl Device for CudaDevice {
     /// synchronization (the step's download), or by a synchronization here
     /// when full. Large uploads (weights at load) stay synchronous.
     fn upload(&mut self, dst: DevPtr, src: &[u8]) -> Result<(), GpuError> {
+        self.not_capturing("upload")?;
         self.bind()?;
         self.swap_stale = true;
         let n = src.len();
@@ -307,9 +383,7 @@ impl Device for CudaDevice {
             // can move.
             unsafe { result::memcpy_htod_async(dst.0, src, self.compute.cu_stream()) }
                 .map_err(drv)?;
-            self.compute.synchronize().map_err(drv)?;
-            self.staged = 0;
-            return Ok(());
+            return self.sync_compute();
         }
         if self.staging.is_none() {
             // SAFETY: page-locked allocation of STAGING_BYTES bytes.
@@ -324,7 +398,7 @@ impl Device for CudaDevice {
         let start = self.staged.next_multiple_of(256);
         let start = if start + n > STAGING_BYTES {
             // Full: wait until every staged copy has landed, then reuse.
-            self.compute.synchronize().map_err(drv)?;
+            self.sync_compute()?;
             0
         } else {
             start
@@ -349,13 +423,12 @@ impl Device for CudaDevice {
     }
 
     fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError> {
+        self.not_capturing("download")?;
         self.bind()?;
         // SAFETY: `src` addresses at least `dst.len()` device bytes (callers'
         // contract); the stream is synchronized before `dst` can move.
         unsafe { result::memcpy_dtoh_async(dst, src.0, self.compute.cu_stream()) }.map_err(drv)?;
-        self.compute.synchronize().map_err(drv)?;
-        self.staged = 0;
-        Ok(())
+        self.sync_compute()
     }
 
     fn copy_to_host(
@@ -365,6 +438,7 @@ impl Device for CudaDevice {
         host_offset: usize,
         bytes: usize,
     ) -> Result<(), GpuError> {
+        self.not_capturing("a swap copy")?;
         self.bind()?;
         self.swap_after_compute()?;
         let stream = self.swap.cu_stream();
@@ -381,6 +455,7 @@ impl Device for CudaDevice {
         dst: DevPtr,
         bytes: usize,
     ) -> Result<(), GpuError> {
+        self.not_capturing("a swap copy")?;
         self.bind()?;
         self.swap_after_compute()?;
         let stream = self.swap.cu_stream();
@@ -391,6 +466,7 @@ impl Device for CudaDevice {
     }
 
     fn swap_fence(&mut self) -> Result<(), GpuError> {
+        self.not_capturing("swap_fence")?;
         self.bind()?;
         self.compute.join(&self.swap).map_err(drv)
     }
@@ -428,7 +504,7 @@ impl Device for CudaDevice {
             )));
         }
         self.bind()?;
-        let stream = self.compute.clone();
+        let stream = self.compute.cu_stream();
         let (sig, f) = self
             .funcs
             .get(kernel.index)
@@ -444,23 +520,32 @@ impl Device for CudaDevice {
                 KernelArg::F32(v) => f32s[i] = v,
             }
         }
-        let mut b = stream.launch_builder(f);
+        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); MAX_ARGS];
         for (i, a) in args.iter().enumerate() {
-            match a {
-                KernelArg::Ptr(_) => b.arg(&ptrs[i]),
-                KernelArg::U32(_) => b.arg(&u32s[i]),
-                KernelArg::F32(_) => b.arg(&f32s[i]),
+            params[i] = match a {
+                KernelArg::Ptr(_) => (&mut ptrs[i] as *mut u64).cast(),
+                KernelArg::U32(_) => (&mut u32s[i] as *mut u32).cast(),
+                KernelArg::F32(_) => (&mut f32s[i] as *mut f32).cast(),
             };
         }
-        let cu = cudarc::driver::LaunchConfig {
-            grid_dim: (cfg.grid.x, cfg.grid.y, cfg.grid.z),
-            block_dim: (cfg.block.x, cfg.block.y, cfg.block.z),
-            shared_mem_bytes: cfg.shared_mem_bytes,
-        };
+        let g = cfg.grid;
+        let b = cfg.block;
         // SAFETY: the argument list matches the entry point (checked above
-        // against KERNELS, which a test ties to the PTX); buffer sizes are the
-        // caller's contract (see `# Safety`).
-        unsafe { b.launch(cu) }.map_err(drv)?;
+        // against KERNELS, which a test ties to the PTX), each parameter
+        // points at a value that lives until the call returns (the driver
+        // copies them at launch); buffer sizes are the caller's contract (see
+        // `# Safety`); the context is bound on this thread.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                (g.x, g.y, g.z),
+                (b.x, b.y, b.z),
+                cfg.shared_mem_bytes,
+                stream,
+                &mut params[..args.len()],
+            )
+        }
+        .map_err(drv)?;
         self.swap_stale = true;
         Ok(())
     }
@@ -501,17 +586,82 @@ impl Device for CudaDevice {
     }
 
     fn synchronize(&mut self) -> Result<(), GpuError> {
-        self.compute.synchronize().map_err(drv)?;
-        self.staged = 0;
-        self.swap.synchronize().map_err(drv)
+        self.not_capturing("synchronize")?;
+        self.bind()?;
+        self.sync_compute()?;
+        // SAFETY: the stream is live for the device's life.
+        unsafe { result::stream::synchronize(self.swap.cu_stream()) }.map_err(drv)
+    }
+
+    fn begin_capture(&mut self) -> Result<(), GpuError> {
+        self.not_capturing("begin_capture")?;
+        self.bind()?;
+        self.compute
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(drv)?;
+        self.capturing = true;
+        Ok(())
+    }
+
+    fn end_capture(&mut self) -> Result<GraphId, GpuError> {
+        if !self.capturing {
+            return Err(GpuError::Device("end_capture without begin_capture".into()));
+        }
+        self.capturing = false;
+        self.bind()?;
+        let graph = self
+            .compute
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(drv)?
+            .ok_or_else(|| GpuError::Device("stream capture recorded no graph".into()))?;
+        self.graphs.push(Some(graph));
+        Ok(GraphId(self.graphs.len() - 1))
+    }
+
+    unsafe fn launch_graph(&mut self, graph: GraphId) -> Result<(), GpuError> {
+        self.not_capturing("launch_graph")?;
+        self.bind()?;
+        let g = self
+            .graphs
+            .get(graph.0)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| GpuError::Device("unknown graph".into()))?;
+        // SAFETY: the graph and the stream are live; the buffers it addresses
+        // are the caller's contract.
+        unsafe { result::graph::launch(g.cu_graph_exec(), self.compute.cu_stream()) }
+            .map_err(drv)?;
+        self.swap_stale = true;
+        Ok(())
+    }
+
+    fn drop_graph(&mut self, graph: GraphId) -> Result<(), GpuError> {
+        self.bind()?;
+        match self.graphs.get_mut(graph.0).and_then(Option::take) {
+            Some(_) => Ok(()),
+            None => Err(GpuError::Device("unknown graph".into())),
+        }
     }
 }
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        if self.capturing {
+            // SAFETY: ends the capture this device began; the partial graph
+            // it returns is destroyed right away.
+            if let Ok(g) = unsafe { result::stream::end_capture(self.compute.cu_stream()) } {
+                if !g.is_null() {
+                    // SAFETY: `g` is the graph just returned, used nowhere else.
+                    let _ = unsafe { result::graph::destroy(g) };
+                }
+            }
+            self.capturing = false;
+        }
         if self.bind().is_err() || self.synchronize().is_err() {
             return;
         }
+        self.graphs.clear();
+        // SAFETY: from `malloc_sync`; all work finished above.
+        let _ = unsafe { result::free_sync(self.blas_workspace) };
         for (ptr, _) in self.mem.drain(..).flatten() {
             // SAFETY: from `malloc_sync`; all work finished above.
             let _ = unsafe { result::free_sync(ptr) };

@@ -14,6 +14,13 @@
 //! issued before them; [`Device::swap_fence`] makes later compute wait for
 //! every swap copy issued so far. [`Device::download`] returns only once the
 //! data is on the host (so it also waits for earlier compute).
+//!
+//! Graphs: between [`Device::begin_capture`] and [`Device::end_capture`] the
+//! compute stream's launches and GEMMs are recorded, not run (CUDA stream
+//! capture); [`Device::launch_graph`] replays them in order with the
+//! arguments they had at capture. Nothing else may be called while capturing
+//! (no allocation, free, copy or synchronization): a device refuses it with
+//! an error rather than recording something it cannot replay.
 
 use super::GpuError;
 use gpu_kernels::{KernelArg, LaunchConfig};
@@ -150,6 +157,10 @@ impl Kernel {
     }
 }
 
+/// A captured graph of a [`Device`] (an index in its table of graphs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GraphId(pub(crate) usize);
+
 /// Which launch geometry family a kernel belongs to (threads per block).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ThreadsFor {
@@ -241,4 +252,22 @@ pub trait Device: Send {
 
     /// Waits for all work issued so far.
     fn synchronize(&mut self) -> Result<(), GpuError>;
+
+    /// Starts recording the compute stream's launches and GEMMs instead of
+    /// running them (see the module docs).
+    fn begin_capture(&mut self) -> Result<(), GpuError>;
+
+    /// Stops recording and returns the recorded work as a graph.
+    fn end_capture(&mut self) -> Result<GraphId, GpuError>;
+
+    /// Runs a captured graph on the compute stream (one launch).
+    ///
+    /// # Safety
+    /// Every buffer the graph's launches and GEMMs address is still live and
+    /// as large as at capture (the executor replays only while its buffers'
+    /// addresses and sizes are those the graph was captured with).
+    unsafe fn launch_graph(&mut self, graph: GraphId) -> Result<(), GpuError>;
+
+    /// Releases a captured graph.
+    fn drop_graph(&mut self, graph: GraphId) -> Result<(), GpuError>;
 }

@@ -7,13 +7,26 @@
 //! It exists so that the executor's orchestration (buffer layouts, kernel
 //! arguments, launch geometry, block copies, swap) is tested on every machine;
 //! it is far too slow to serve with (one OS thread per emulated GPU thread).
+//!
+//! Graphs: capture records each launch (entry, geometry, argument values) and
+//! GEMM without running it; a replay runs the recorded list in order, so a
+//! test can check that a replayed step equals the eager one, including after
+//! the inputs changed in place. Every other call while capturing is an error
+//! (CUDA's stream capture would refuse or mis-record it).
 
-use super::device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, Kernel, ThreadsFor};
+use super::device::{DType, DevBuf, DevPtr, Device, Gemm, GraphId, HostBuf, Kernel, ThreadsFor};
 use super::GpuError;
 use gpu_kernels::{KernelArg, LaunchConfig};
 
 /// Threads per block on the emulator (one warp keeps it quick).
 const EMU_THREADS: u32 = 32;
+
+/// One recorded operation of a graph.
+#[derive(Clone, Debug)]
+enum Op {
+    Launch(Kernel, LaunchConfig, Vec<KernelArg>),
+    Gemm(Gemm),
+}
 
 /// The host-emulated device. See the module docs.
 #[derive(Default)]
@@ -21,8 +34,14 @@ pub struct EmuDevice {
     /// Device allocations; `u128` elements give 16-byte alignment.
     mem: Vec<Option<Vec<u128>>>,
     host: Vec<Vec<u8>>,
-    /// Kernel launches so far (tests read it).
+    /// Kernel launches run so far, replayed ones included (tests read it).
     pub launches: usize,
+    /// Graphs captured and graph launches so far (tests read them).
+    pub captures: usize,
+    pub graph_launches: usize,
+    /// The graph being recorded.
+    capture: Option<Vec<Op>>,
+    graphs: Vec<Option<Vec<Op>>>,
 }
 
 impl EmuDevice {
@@ -71,6 +90,57 @@ impl EmuDevice {
         })
     }
 
+    /// An error if a graph is being captured (`what` may not be recorded).
+    fn not_capturing(&self, what: &str) -> Result<(), GpuError> {
+        match self.capture {
+            Some(_) => Err(GpuError::Device(format!(
+                "emulator: {what} while capturing a graph"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs one launch now.
+    ///
+    /// # Safety
+    /// As [`Device::launch`].
+    unsafe fn run_launch(
+        &mut self,
+        kernel: Kernel,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<(), GpuError> {
+        self.launches += 1;
+        let name = kernel.name;
+        // SAFETY: forwarded from the caller: every pointer argument addresses
+        // one of this device's live host allocations, sized for the launch.
+        unsafe { gpu_kernels::entries::emulate(name, cfg, args) }
+            .map_err(|e| GpuError::Device(format!("emulator launch of {name}: {e:?}")))
+    }
+
+    fn run_gemm(&mut self, g: &Gemm) -> Result<(), GpuError> {
+        let a = self.read(g.a, g.m * g.k, g.ab)?;
+        let b = self.read(g.b, g.n * g.k, g.ab)?;
+        let mut c = if g.accumulate {
+            self.read(g.c, g.m * g.n, g.c_type)?
+        } else {
+            vec![0.0; g.m * g.n]
+        };
+        // A plain GEMM on the widened values with f32 accumulation, as cuBLAS's
+        // CUBLAS_COMPUTE_32F (the summation order differs from the CPU
+        // backend's, as it would on a GPU).
+        for (i, c_row) in c.chunks_exact_mut(g.n).enumerate() {
+            let a_row = &a[i * g.k..(i + 1) * g.k];
+            for (j, out) in c_row.iter_mut().enumerate() {
+                let b_row = &b[j * g.k..(j + 1) * g.k];
+                *out += a_row.iter().zip(b_row).map(|(x, y)| x * y).sum::<f32>();
+            }
+        }
+        let bytes = g.c_type.encode(&c);
+        self.region(g.c, bytes.len())?.copy_from_slice(&bytes);
+        Ok(())
+    }
+
     fn read(&mut self, p: DevPtr, elems: usize, t: DType) -> Result<Vec<f32>, GpuError> {
         Ok(t.decode(self.region(p, elems * t.size())?))
     }
@@ -102,6 +172,7 @@ impl Device for EmuDevice {
     }
 
     fn alloc(&mut self, bytes: usize) -> Result<DevBuf, GpuError> {
+        self.not_capturing("alloc")?;
         let v = vec![0u128; bytes.div_ceil(16).max(1)];
         let ptr = DevPtr(v.as_ptr() as u64);
         self.mem.push(Some(v));
@@ -113,6 +184,7 @@ impl Device for EmuDevice {
     }
 
     fn free(&mut self, buf: DevBuf) -> Result<(), GpuError> {
+        self.not_capturing("free")?;
         match self.mem.get_mut(buf.slot) {
             Some(s @ Some(_)) => {
                 *s = None;
@@ -131,11 +203,13 @@ impl Device for EmuDevice {
     }
 
     fn upload(&mut self, dst: DevPtr, src: &[u8]) -> Result<(), GpuError> {
+        self.not_capturing("upload")?;
         self.region(dst, src.len())?.copy_from_slice(src);
         Ok(())
     }
 
     fn download(&mut self, src: DevPtr, dst: &mut [u8]) -> Result<(), GpuError> {
+        self.not_capturing("download")?;
         dst.copy_from_slice(self.region(src, dst.len())?);
         Ok(())
     }
@@ -147,6 +221,7 @@ impl Device for EmuDevice {
         host_offset: usize,
         bytes: usize,
     ) -> Result<(), GpuError> {
+        self.not_capturing("copy_to_host")?;
         let data = self.region(src, bytes)?.to_vec();
         self.host_region(host, host_offset, bytes)?
             .copy_from_slice(&data);
@@ -160,13 +235,14 @@ impl Device for EmuDevice {
         dst: DevPtr,
         bytes: usize,
     ) -> Result<(), GpuError> {
+        self.not_capturing("copy_from_host")?;
         let data = self.host_region(host, host_offset, bytes)?.to_vec();
         self.region(dst, bytes)?.copy_from_slice(&data);
         Ok(())
     }
 
     fn swap_fence(&mut self) -> Result<(), GpuError> {
-        Ok(())
+        self.not_capturing("swap_fence")
     }
 
     fn kernel(&mut self, name: &str) -> Result<Kernel, GpuError> {
@@ -179,38 +255,70 @@ impl Device for EmuDevice {
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<(), GpuError> {
-        self.launches += 1;
-        let name = kernel.name;
-        // SAFETY: forwarded from the caller: every pointer argument addresses
-        // one of this device's live host allocations, sized for the launch.
-        unsafe { gpu_kernels::entries::emulate(name, cfg, args) }
-            .map_err(|e| GpuError::Device(format!("emulator launch of {name}: {e:?}")))
+        if let Some(ops) = &mut self.capture {
+            ops.push(Op::Launch(kernel, cfg, args.to_vec()));
+            return Ok(());
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_launch(kernel, cfg, args) }
     }
 
     unsafe fn gemm(&mut self, g: &Gemm) -> Result<(), GpuError> {
-        let a = self.read(g.a, g.m * g.k, g.ab)?;
-        let b = self.read(g.b, g.n * g.k, g.ab)?;
-        let mut c = if g.accumulate {
-            self.read(g.c, g.m * g.n, g.c_type)?
-        } else {
-            vec![0.0; g.m * g.n]
-        };
-        // A plain GEMM on the widened values with f32 accumulation, as cuBLAS's
-        // CUBLAS_COMPUTE_32F (the summation order differs from the CPU
-        // backend's, as it would on a GPU).
-        for (i, c_row) in c.chunks_exact_mut(g.n).enumerate() {
-            let a_row = &a[i * g.k..(i + 1) * g.k];
-            for (j, out) in c_row.iter_mut().enumerate() {
-                let b_row = &b[j * g.k..(j + 1) * g.k];
-                *out += a_row.iter().zip(b_row).map(|(x, y)| x * y).sum::<f32>();
-            }
+        if let Some(ops) = &mut self.capture {
+            ops.push(Op::Gemm(*g));
+            return Ok(());
         }
-        let bytes = g.c_type.encode(&c);
-        self.region(g.c, bytes.len())?.copy_from_slice(&bytes);
-        Ok(())
+        self.run_gemm(g)
     }
 
     fn synchronize(&mut self) -> Result<(), GpuError> {
+        self.not_capturing("synchronize")
+    }
+
+    fn begin_capture(&mut self) -> Result<(), GpuError> {
+        self.not_capturing("begin_capture")?;
+        self.capture = Some(Vec::new());
         Ok(())
+    }
+
+    fn end_capture(&mut self) -> Result<GraphId, GpuError> {
+        let ops = self
+            .capture
+            .take()
+            .ok_or_else(|| GpuError::Device("emulator: end_capture without begin".into()))?;
+        self.captures += 1;
+        self.graphs.push(Some(ops));
+        Ok(GraphId(self.graphs.len() - 1))
+    }
+
+    unsafe fn launch_graph(&mut self, graph: GraphId) -> Result<(), GpuError> {
+        self.not_capturing("launch_graph")?;
+        let ops = self
+            .graphs
+            .get(graph.0)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| GpuError::Device("emulator: unknown graph".into()))?
+            .clone();
+        self.graph_launches += 1;
+        for op in &ops {
+            match op {
+                // SAFETY: the caller guarantees every buffer the graph
+                // addresses is live and as large as at capture, when the
+                // launch's own contract held.
+                Op::Launch(k, cfg, args) => unsafe { self.run_launch(*k, *cfg, args) }?,
+                Op::Gemm(g) => self.run_gemm(g)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn drop_graph(&mut self, graph: GraphId) -> Result<(), GpuError> {
+        match self.graphs.get_mut(graph.0) {
+            Some(g @ Some(_)) => {
+                *g = None;
+                Ok(())
+            }
+            _ => Err(GpuError::Device("emulator: unknown graph".into())),
+        }
     }
 }

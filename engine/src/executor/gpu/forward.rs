@@ -13,8 +13,9 @@
 //! ```
 //!
 //! All per-step integers (ids, positions, slots, context lengths, query
-//! starts, block tables, logits rows) go up in one upload from a reused host
-//! staging buffer; activations live in a [`Scratch`] that grows to the
+//! starts, block tables, logits rows) live in the persistent [`DeviceBatch`]
+//! (block tables updated from what changed, the rest in one upload);
+//! activations live in a [`Scratch`] that grows to the
 //! largest batch seen and is then reused. Kernels are resolved once into
 //! [`Kernels`].
 //!
@@ -49,7 +50,9 @@ use crate::kv::BlockId;
 use gpu_kernels::{launch as geom, KernelArg, LaunchConfig};
 
 mod attention;
+pub mod batch;
 use attention::attention;
+pub use batch::{DeviceBatch, Padding};
 
 /// The model dimensions the forward pass needs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -155,7 +158,8 @@ impl Kernels {
 /// Device scratch buffers of the forward pass, each grown on demand.
 #[derive(Default)]
 pub struct Scratch {
-    meta: Option<DevBuf>,
+    /// The step's integers (persistent block tables).
+    pub batch: DeviceBatch,
     x: Option<DevBuf>,
     h: Option<DevBuf>,
     /// `[tokens, q + 2 kv]`: the fused projection's output.
@@ -173,10 +177,6 @@ pub struct Scratch {
     split_sum: Option<DevBuf>,
     /// `u32` zeros, one per token: the row ids that broadcast a bias row.
     zeros: Option<DevBuf>,
-    /// Host staging of the step's integers (reused: no allocation per step
-    /// once it has grown to the largest batch).
-    host_words: Vec<u32>,
-    host_bytes: Vec<u8>,
     /// `f32[rows, 3]` of the greedy reduction (device) and its host copy.
     greedy: Option<DevBuf>,
     greedy_host: Vec<u8>,
@@ -185,8 +185,8 @@ pub struct Scratch {
 impl Scratch {
     /// Returns every buffer to the device.
     pub fn release(self, dev: &mut dyn Device) -> Result<(), GpuError> {
+        self.batch.release(dev)?;
         let all = [
-            self.meta,
             self.x,
             self.h,
             self.qkv,
@@ -204,6 +204,32 @@ impl Scratch {
             self.greedy,
         ];
         all.into_iter().flatten().try_for_each(|b| dev.free(b))
+    }
+
+    /// Address and size of every device buffer, the batch's included: a
+    /// captured graph is valid while this is what it was at capture.
+    pub fn fingerprint(&self) -> [(u64, usize); 17] {
+        let [step, table] = self.batch.buffers();
+        let all = [
+            step,
+            table,
+            self.x.as_ref(),
+            self.h.as_ref(),
+            self.qkv.as_ref(),
+            self.q.as_ref(),
+            self.attn.as_ref(),
+            self.gate_up.as_ref(),
+            self.act.as_ref(),
+            self.rows.as_ref(),
+            self.normed.as_ref(),
+            self.logits.as_ref(),
+            self.split_out.as_ref(),
+            self.split_max.as_ref(),
+            self.split_sum.as_ref(),
+            self.zeros.as_ref(),
+            self.greedy.as_ref(),
+        ];
+        all.map(|b| b.map_or((0, 0), |b| (b.ptr.0, b.bytes)))
     }
 }
 
@@ -228,8 +254,8 @@ pub fn ensure(
     Ok(p)
 }
 
-/// Addresses of one step's integer metadata inside the `meta` upload.
-struct Meta {
+/// Addresses of one step's integers in the [`DeviceBatch`].
+pub struct Meta {
     ids: DevPtr,
     positions: DevPtr,
     slots: DevPtr,
@@ -239,65 +265,11 @@ struct Meta {
     rows: DevPtr,
     /// Columns of `tables`.
     max_blocks: usize,
+    /// The decode planner's inputs: longest context and sum of the context
+    /// lengths (fixed bounds on a graph step, see [`batch`]).
     max_context: usize,
-    /// Sum of the context lengths (the decode planner's ragged-batch input).
     total_context: usize,
     all_decode: bool,
-}
-
-/// Packs and uploads the batch's integers (one copy).
-fn upload_meta(
-    dev: &mut dyn Device,
-    scratch: &mut Scratch,
-    batch: &ForwardBatch,
-    block_size: usize,
-) -> Result<Meta, GpuError> {
-    let n = batch.token_ids.len();
-    let seqs = &batch.seqs;
-    let max_blocks = seqs
-        .iter()
-        .map(|s| s.context_len.div_ceil(block_size))
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let v = &mut scratch.host_words;
-    v.clear();
-    v.extend_from_slice(&batch.token_ids);
-    v.extend(batch.positions.iter().map(|&p| p as u32));
-    v.extend(batch.slot_mapping.iter().map(|&s| s as u32));
-    v.extend(seqs.iter().map(|s| s.context_len as u32));
-    v.push(0);
-    let mut start = 0u32;
-    for s in seqs {
-        start += s.query_len as u32;
-        v.push(start);
-    }
-    for s in seqs {
-        let used = s.context_len.div_ceil(block_size);
-        v.extend(s.block_table[..used].iter().map(|b: &BlockId| b.0));
-        v.extend(std::iter::repeat_n(0, max_blocks - used));
-    }
-    v.extend(batch.logits_rows.iter().map(|&r| r as u32));
-    let bytes = &mut scratch.host_bytes;
-    bytes.clear();
-    bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
-    let base = ensure(dev, &mut scratch.meta, scratch.host_bytes.len())?;
-    dev.upload(base, &scratch.host_bytes)?;
-    let at = |words: usize| base.offset(4 * words);
-    let s = seqs.len();
-    Ok(Meta {
-        ids: at(0),
-        positions: at(n),
-        slots: at(2 * n),
-        context_lens: at(3 * n),
-        query_start: at(3 * n + s),
-        tables: at(3 * n + 2 * s + 1),
-        rows: at(3 * n + 2 * s + 1 + s * max_blocks),
-        max_blocks,
-        max_context: seqs.iter().map(|s| s.context_len).max().unwrap_or(0),
-        total_context: seqs.iter().map(|s| s.context_len).sum(),
-        all_decode: seqs.iter().all(|s| s.query_len == 1),
-    })
 }
 
 /// The activation buffers of one step (addresses).
@@ -483,27 +455,43 @@ pub fn run_to(
     batch: &ForwardBatch,
     out: Output,
 ) -> Result<StepOut, GpuError> {
+    let geometry = (kv.geometry().block_size, d.max_positions);
+    let m = s.batch.upload(dev, batch, geometry, None)?;
+    compute(dev, k, d, t, w, kv, s, batch, &m, out)?;
+    finish(dev, s, d, batch.logits_rows.len(), out)
+}
+
+/// Every launch and GEMM of the step whose integers are at `m` (`batch`
+/// gives the counts: tokens, sequences, logits rows), up to the logits (and
+/// the greedy reduction with [`Output::Greedy`]). No upload, download or
+/// synchronization: this is what a graph captures. Allocates only where a
+/// scratch buffer is too small for these counts.
+#[allow(clippy::too_many_arguments)]
+pub fn compute(
+    dev: &mut dyn Device,
+    k: &Kernels,
+    d: Dims,
+    t: DType,
+    w: &DeviceWeights,
+    kv: &KvPools,
+    s: &mut Scratch,
+    batch: &ForwardBatch,
+    m: &Meta,
+    out: Output,
+) -> Result<(), GpuError> {
     let n = batch.token_ids.len();
-    let m = upload_meta(dev, s, batch, kv.geometry().block_size)?;
     let a = activations(dev, s, d, n, t)?;
     let mut l = Launcher { dev, t, k };
     // SAFETY: buffers were sized above for `n` tokens (`activations`,
-    // `upload_meta`) and the batch was validated (ids < vocab), so the gather
-    // stays inside the embedding table and `x`.
+    // the batch upload) and the batch was validated (ids < vocab), so the
+    // gather stays inside the embedding table and `x`.
     unsafe { l.gather(a.x, m.ids, w.embedding.ptr, n, d.hidden) }?;
     for li in 0..w.layers.len() {
-        layer(&mut l, s, &d, w, kv, li, &m, &a, batch)?;
+        layer(&mut l, s, &d, w, kv, li, m, &a, batch)?;
     }
     let r = batch.logits_rows.len();
     if r == 0 {
-        return Ok(match out {
-            Output::Logits => StepOut::Logits(Logits {
-                rows: 0,
-                vocab: d.vocab,
-                data: Vec::new(),
-            }),
-            Output::Greedy => StepOut::Greedy(Vec::new()),
-        });
+        return Ok(());
     }
     let sz = t.size();
     let rows = ensure(l.dev, &mut s.rows, r * d.hidden * sz)?;
@@ -530,44 +518,65 @@ pub fn run_to(
         l.dev.gemm(&g)?;
     }
     if out == Output::Greedy {
-        return greedy(l.dev, k, s, logits, r, d.vocab).map(StepOut::Greedy);
+        let buf = ensure(l.dev, &mut s.greedy, r * 12)?;
+        let cfg = geom::per_row(r as u32, l.dev.threads(ThreadsFor::Rows));
+        let args = [buf.arg(), logits.arg(), u(d.vocab)];
+        // SAFETY: `logits` holds `r` rows of `vocab` f32 (written by the
+        // LM-head GEMM above); `buf` holds `r * 3` f32; one block per row.
+        unsafe { l.dev.launch(k.greedy_rows, cfg, &args) }?;
     }
-    // Straight into the f32 rows (one allocation, no decode pass).
-    let mut data = vec![0f32; r * d.vocab];
-    l.dev.download(logits, f32_bytes(&mut data))?;
-    if cfg!(target_endian = "big") {
-        data.iter_mut()
-            .for_each(|v| *v = f32::from_bits(u32::from_le(v.to_bits())));
-    }
-    Ok(StepOut::Logits(Logits {
-        rows: r,
-        vocab: d.vocab,
-        data,
-    }))
+    Ok(())
 }
 
-/// Reduces `r` logits rows on the device to `(argmax, max, sum exp)` and
-/// downloads those 12 bytes per row. The argmax's logit is `max` and
-/// logsumexp is `max + ln(sum)`, so its logprob is `-ln(sum)` (the CPU
-/// sampler's definition). One launch, one download (the step's one wait).
-fn greedy(
+/// Downloads the first `r` rows of what [`compute`] left (the step's one
+/// host wait): logits, or each row's `(argmax, max, sum exp)` reduced on the
+/// device (12 bytes a row). The argmax's logit is `max` and logsumexp is
+/// `max + ln(sum)`, so its logprob is `-ln(sum)` (the CPU sampler's
+/// definition).
+pub fn finish(
     dev: &mut dyn Device,
-    k: &Kernels,
     s: &mut Scratch,
-    logits: DevPtr,
+    d: Dims,
     r: usize,
-    vocab: usize,
-) -> Result<Vec<GreedyRow>, GpuError> {
-    let buf = ensure(dev, &mut s.greedy, r * 12)?;
-    let cfg = geom::per_row(r as u32, dev.threads(ThreadsFor::Rows));
-    let args = [buf.arg(), logits.arg(), u(vocab)];
-    // SAFETY: `logits` holds `r` rows of `vocab` f32 (written by the LM-head
-    // GEMM above); `buf` holds `r * 3` f32; one block per row.
-    unsafe { dev.launch(k.greedy_rows, cfg, &args) }?;
-    s.greedy_host.resize(r * 12, 0);
-    dev.download(buf, &mut s.greedy_host)?;
-    Ok(s.greedy_host
-        .chunks_exact(12)
+    out: Output,
+) -> Result<StepOut, GpuError> {
+    let missing = || GpuError::Device("no output buffer for the step's rows".into());
+    match out {
+        _ if r == 0 => Ok(match out {
+            Output::Logits => StepOut::Logits(Logits {
+                rows: 0,
+                vocab: d.vocab,
+                data: Vec::new(),
+            }),
+            Output::Greedy => StepOut::Greedy(Vec::new()),
+        }),
+        Output::Greedy => {
+            let buf = s.greedy.as_ref().ok_or_else(missing)?.ptr;
+            s.greedy_host.resize(r * 12, 0);
+            dev.download(buf, &mut s.greedy_host)?;
+            Ok(StepOut::Greedy(greedy_rows(&s.greedy_host)))
+        }
+        Output::Logits => {
+            let logits = s.logits.as_ref().ok_or_else(missing)?.ptr;
+            // Straight into the f32 rows (one allocation, no decode pass).
+            let mut data = vec![0f32; r * d.vocab];
+            dev.download(logits, f32_bytes(&mut data))?;
+            if cfg!(target_endian = "big") {
+                data.iter_mut()
+                    .for_each(|v| *v = f32::from_bits(u32::from_le(v.to_bits())));
+            }
+            Ok(StepOut::Logits(Logits {
+                rows: r,
+                vocab: d.vocab,
+                data,
+            }))
+        }
+    }
+}
+
+/// Decodes the greedy reduction's `(argmax, max, sum exp)` rows.
+fn greedy_rows(host: &[u8]) -> Vec<GreedyRow> {
+    host.chunks_exact(12)
         .map(|c| {
             let f = |i: usize| f32::from_le_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
             let (idx, sum) = (f(0), f(8));
@@ -584,7 +593,7 @@ fn greedy(
                 }
             }
         })
-        .collect())
+        .collect()
 }
 
 /// The bytes of `v` (the device's little-endian f32s land in them).

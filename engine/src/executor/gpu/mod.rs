@@ -11,7 +11,9 @@
 //! - [`cublas_path`]: finding cuBLAS 12 or 13 (wheel folders included) before
 //!   cudarc's bare-name `dlopen`.
 //! - [`weights`]: weights converted to the executor's dtype and uploaded once.
-//! - [`forward`]: one step's forward pass (metadata upload, per-layer kernels).
+//! - [`forward`]: one step's forward pass (the persistent device batch,
+//!   per-layer kernels).
+//! - [`graphs`]: CUDA graphs of decode-only steps, per batch-size bucket.
 //! - [`blocks`]: the KV pools and the block operations (swap out, swap in,
 //!   copy-on-write `copy_blocks`).
 //!
@@ -28,13 +30,14 @@ pub mod cublas_path;
 pub mod device;
 pub mod emu;
 pub mod forward;
+pub mod graphs;
 pub mod weights;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
 pub use counting::{Counters, CountersHandle, CountingDevice};
-pub use device::{DType, DevBuf, DevPtr, Device, Gemm, HostBuf, ThreadsFor};
+pub use device::{DType, DevBuf, DevPtr, Device, Gemm, GraphId, HostBuf, ThreadsFor};
 pub use emu::EmuDevice;
 
 use super::{
@@ -42,6 +45,7 @@ use super::{
 };
 use blocks::KvPools;
 use forward::{Dims, Kernels, Scratch};
+use graphs::Graphs;
 use thiserror::Error;
 use weights::DeviceWeights;
 
@@ -108,6 +112,7 @@ pub struct GpuExecutor<D: Device> {
     kv: KvPools,
     scratch: Scratch,
     kernels: Kernels,
+    graphs: Graphs,
 }
 
 impl<D: Device> GpuExecutor<D> {
@@ -174,12 +179,26 @@ impl<D: Device> GpuExecutor<D> {
             kv,
             scratch: Scratch::default(),
             kernels,
+            graphs: Graphs::new(graphs::MAX_BUCKET, false),
         })
+    }
+
+    /// CUDA graphs for decode steps of up to `min(512, max_num_seqs)`
+    /// sequences (the default: up to 512), or none with `enforce_eager`
+    /// (vLLM's `--enforce-eager`).
+    pub fn with_cuda_graphs(mut self, max_num_seqs: usize, enforce_eager: bool) -> Self {
+        self.graphs = Graphs::new(max_num_seqs, enforce_eager);
+        self
     }
 
     /// The device (tests read the emulator's counters).
     pub fn device(&self) -> &D {
         &self.dev
+    }
+
+    /// The device, mutably (tests change inputs in place).
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.dev
     }
 
     /// One block's K and V of every layer, as f32, for the device pool
@@ -291,6 +310,9 @@ impl<D: Device> GpuExecutor<D> {
             self.dims.vocab,
             self.dims.max_positions,
         )?;
+        if let Some(bucket) = self.graphs.bucket_of(batch) {
+            return Ok(self.graph_step(batch, bucket, out)?);
+        }
         Ok(forward::run_to(
             &mut self.dev,
             &self.kernels,
@@ -302,6 +324,73 @@ impl<D: Device> GpuExecutor<D> {
             batch,
             out,
         )?)
+    }
+}
+
+impl<D: Device> GpuExecutor<D> {
+    /// A validated decode batch padded to `bucket` rows, run as that
+    /// bucket's graph (captured first if there is none for the current
+    /// buffers). See [`graphs`].
+    fn graph_step(
+        &mut self,
+        batch: &ForwardBatch,
+        bucket: usize,
+        out: forward::Output,
+    ) -> Result<forward::StepOut, GpuError> {
+        let pad = forward::Padding {
+            bucket,
+            kv: &self.kv,
+            max_context: self.dims.max_positions,
+        };
+        let geometry = (self.kv.geometry().block_size, self.dims.max_positions);
+        let m = self
+            .scratch
+            .batch
+            .upload(&mut self.dev, batch, geometry, Some(&pad))?;
+        let rows = batch.seqs.len();
+        let print = self.scratch.fingerprint();
+        if let Some(g) = self.graphs.find(bucket, out, &print) {
+            // SAFETY: the fingerprint is the capture's: every scratch and
+            // batch buffer the graph addresses is live at the same address
+            // and size; weights and KV pools never move.
+            unsafe { self.dev.launch_graph(g) }?;
+            return forward::finish(&mut self.dev, &mut self.scratch, self.dims, rows, out);
+        }
+        if let Some(old) = self.graphs.take(bucket, out) {
+            self.dev.drop_graph(old)?;
+        }
+        let counts = graphs::padded_counts(bucket);
+        let run = |dev: &mut D, scratch: &mut Scratch| {
+            forward::compute(
+                dev,
+                &self.kernels,
+                self.dims,
+                self.dtype,
+                &self.weights,
+                &self.kv,
+                scratch,
+                &counts,
+                &m,
+                out,
+            )
+        };
+        // Eager first: computes this step and sizes every buffer, so that
+        // the capture below allocates nothing.
+        run(&mut self.dev, &mut self.scratch)?;
+        let print = self.scratch.fingerprint();
+        self.dev.begin_capture()?;
+        let recorded = run(&mut self.dev, &mut self.scratch);
+        let graph = self.dev.end_capture();
+        recorded?;
+        let graph = graph?;
+        if self.scratch.fingerprint() != print {
+            self.dev.drop_graph(graph)?;
+            return Err(GpuError::Device(
+                "a buffer moved while capturing a graph".into(),
+            ));
+        }
+        self.graphs.insert(bucket, out, graph, print);
+        forward::finish(&mut self.dev, &mut self.scratch, self.dims, rows, out)
     }
 }
 

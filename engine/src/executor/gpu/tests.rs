@@ -10,6 +10,8 @@ use crate::model::test_util::{random_weights, tiny_config};
 use crate::model::LlamaModel;
 use model_loader::ModelConfig;
 
+mod graphs;
+
 const BS: usize = 4;
 const BLOCKS: usize = 200;
 const CPU_BLOCKS: usize = 6;
