@@ -12,6 +12,8 @@
 //!   nvptx, plain `unsafe fn` on the host) and [`KERNELS`], the table of entry names and
 //!   parameter lists a CUDA executor launches by.
 //! - [`launch`]: grid/block/shared-memory sizing for every kernel family.
+//! - [`sampling`] and [`philox`]: on-device sampling and the counter-based generator the
+//!   CPU sampler shares with it.
 //!
 //! Invariants: the crate is `#![no_std]` and has no host dependencies on nvptx; every
 //! kernel is written for any 1-D block whose size is a multiple of 32 (at most 1024),
@@ -37,6 +39,7 @@ pub mod elementwise;
 pub mod entries;
 pub mod launch;
 pub mod norm;
+pub mod philox;
 mod reduce;
 pub mod sampling;
 pub mod sig;
