@@ -170,30 +170,8 @@ impl LlmEngine {
             self.timings.schedule += t1 - t0;
             return outs.list;
         }
-        if self.all_rows_plain_greedy(&sched) {
-            // Greedy rows reduced by the executor (on a GPU: 12 bytes per row
-            // leave the device); `None` means it ran nothing: fall through.
-            let result = self.executor.execute_greedy(&sched.ops, &sched.batch);
-            if !matches!(result, Ok(None)) {
-                let t2 = Instant::now();
-                match result {
-                    Ok(Some(rows)) if rows.len() == sched.targets.len() => {
-                        self.apply_greedy_rows(&sched.targets, &rows, &mut outs)
-                    }
-                    Ok(rows) => self.fail_step(
-                        &sched,
-                        EngineError::Executor(format!(
-                            "{} greedy rows for {} sampled rows",
-                            rows.map_or(0, |r| r.len()),
-                            sched.targets.len()
-                        )),
-                        &mut outs,
-                    ),
-                    Err(e) => self.fail_step(&sched, e.into(), &mut outs),
-                }
-                self.record_timings(t0, t1, t2);
-                return outs.list;
-            }
+        if self.sample_on_device(&sched, t0, t1, &mut outs) {
+            return outs.list;
         }
         let (result, masks) = self.execute_with_masks(&sched);
         let t2 = Instant::now();

@@ -25,13 +25,16 @@
 //! prompt rows, plus O(width x candidates) per beam group.
 
 use super::{finish_reason, LlmEngine, Outputs};
-use crate::executor::{GreedyRow, Logits};
+use crate::error::EngineError;
+use crate::executor::Logits;
 use crate::grammar::Mask;
+use crate::sampler::device::DeviceRow;
 use crate::sampler::{
     greedy_on_device, prompt_logprob, sample_row, top_logprobs, SampleOut, SeqContext,
 };
 use crate::scheduler::{FinishReason, RequestId, SampleTarget, SchedulerOutput, SequenceGroup};
 use std::collections::HashMap;
+use std::time::Instant;
 
 /// One draw: which row, which group, which sequence (maybe a fork-to-be).
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +64,52 @@ impl LlmEngine {
             .record_generated(draws.len() + beam_rows.len());
     }
 
+    /// Runs the step with its draws made by the executor, where the logits
+    /// are, when every row allows it: plain greedy steps through
+    /// `execute_greedy` (12 bytes per row), other steps whose every row has a
+    /// [`DeviceRow`] through `execute_sampled`. False when the executor has
+    /// no such path (it ran nothing) or a row needs the logits: the caller
+    /// runs the logits path.
+    pub(super) fn sample_on_device(
+        &mut self,
+        sched: &SchedulerOutput,
+        t0: Instant,
+        t1: Instant,
+        outs: &mut Outputs,
+    ) -> bool {
+        let result = if self.all_rows_plain_greedy(sched) {
+            self.executor
+                .execute_greedy(&sched.ops, &sched.batch)
+                .map(|rows| rows.map(|r| r.iter().map(SampleOut::from).collect()))
+        } else if let Some(rows) = self.device_rows(sched) {
+            self.executor
+                .execute_sampled(&sched.ops, &sched.batch, &rows)
+        } else {
+            return false;
+        };
+        if matches!(result, Ok(None)) {
+            return false;
+        }
+        let t2 = Instant::now();
+        match result {
+            Ok(Some(rows)) if rows.len() == sched.targets.len() => {
+                self.apply_device_rows(&sched.targets, rows, outs)
+            }
+            Ok(rows) => self.fail_step(
+                sched,
+                EngineError::Executor(format!(
+                    "{} device rows for {} sampled rows",
+                    rows.map_or(0, |r| r.len()),
+                    sched.targets.len()
+                )),
+                outs,
+            ),
+            Err(e) => self.fail_step(sched, e.into(), outs),
+        }
+        self.record_timings(t0, t1, t2);
+        true
+    }
+
     /// True when every row of the step is a plain greedy draw (one sequence,
     /// no beam, no prompt rows, and `sampler::greedy_on_device`), so the
     /// executor may reduce the rows where the logits are.
@@ -81,25 +130,47 @@ impl LlmEngine {
             })
     }
 
-    /// Appends the executor's greedy choice of each row (see
-    /// [`Self::all_rows_plain_greedy`]): the same token and logprob the CPU
-    /// sampler would give, no top logprobs.
-    pub(super) fn apply_greedy_rows(
+    /// Each row's device draw, or `None` when a row needs the logits path
+    /// (beam search, a group about to fork, a grammar, `logit_bias`,
+    /// penalties, `min_tokens` suppression) or the step has prompt rows.
+    fn device_rows(&self, sched: &SchedulerOutput) -> Option<Vec<DeviceRow>> {
+        if sched.targets.is_empty() || !sched.prompt_targets.is_empty() {
+            return None;
+        }
+        sched
+            .targets
+            .iter()
+            .map(|t| {
+                let g = self.scheduler.group(t.request_id)?;
+                let p = &g.params.sampling;
+                if p.use_beam_search
+                    || needs_fork(g)
+                    || p.structured.is_some()
+                    || !p.logit_bias.is_empty()
+                {
+                    return None;
+                }
+                let s = g.seqs.get(t.seq_index)?;
+                let output_len = s.tokens.len().saturating_sub(s.prompt_len);
+                DeviceRow::of(p, g.seed, t.seq_index, output_len)
+            })
+            .collect()
+    }
+
+    /// Appends the executor's draw of each row (see
+    /// [`Self::sample_on_device`]): the token, logprob and top logprobs the
+    /// CPU sampler would give on the same logits.
+    fn apply_device_rows(
         &mut self,
         targets: &[SampleTarget],
-        rows: &[GreedyRow],
+        rows: Vec<SampleOut>,
         outs: &mut Outputs,
     ) {
-        for (row, (t, g)) in targets.iter().zip(rows).enumerate() {
+        for (row, (t, s)) in targets.iter().zip(rows).enumerate() {
             let draw = Draw {
                 row,
                 request_id: t.request_id,
                 seq_index: t.seq_index,
-            };
-            let s = SampleOut {
-                token: g.token,
-                logprob: g.logprob,
-                top_logprobs: Vec::new(),
             };
             self.append_sampled(draw, Some(s), outs);
         }

@@ -435,12 +435,16 @@ pub enum Output {
     Logits,
     /// Each row's greedy choice (`rows x 12` bytes downloaded).
     Greedy,
+    /// Nothing downloaded: the logits rows stay on the device (`sample.rs`).
+    Device,
 }
 
 /// A step's result, as asked by [`Output`].
 pub enum StepOut {
     Logits(Logits),
     Greedy(Vec<GreedyRow>),
+    /// `[rows, vocab]` f32 logits on the device (valid until the next step).
+    Device(DevPtr),
 }
 
 /// Runs the forward pass of a validated `batch` and returns its logits rows.
@@ -457,7 +461,7 @@ pub fn run(
 ) -> Result<Logits, GpuError> {
     match run_to(dev, k, d, t, w, kv, s, batch, Output::Logits)? {
         StepOut::Logits(l) => Ok(l),
-        StepOut::Greedy(_) => Err(GpuError::Device(
+        StepOut::Greedy(_) | StepOut::Device(_) => Err(GpuError::Device(
             "greedy rows where logits were asked".into(),
         )),
     }
@@ -490,7 +494,7 @@ pub fn run_to(
     let r = batch.logits_rows.len();
     if r == 0 {
         return Ok(match out {
-            Output::Logits => StepOut::Logits(Logits {
+            Output::Logits | Output::Device => StepOut::Logits(Logits {
                 rows: 0,
                 vocab: d.vocab,
                 data: Vec::new(),
@@ -524,6 +528,9 @@ pub fn run_to(
     }
     if out == Output::Greedy {
         return greedy(l.dev, k, s, logits, r, d.vocab).map(StepOut::Greedy);
+    }
+    if out == Output::Device {
+        return Ok(StepOut::Device(logits));
     }
     // Straight into the f32 rows (one allocation, no decode pass).
     let mut data = vec![0f32; r * d.vocab];
