@@ -1,6 +1,8 @@
 //! Host side of the GPU executor, without a GPU (issue 14, item 7).
 //!
-//! `cargo bench -p engine --bench gpu_host [-- SEQS STEPS]` (defaults 256, 64)
+//! `cargo bench -p engine --bench gpu_host [-- SEQS STEPS [--sampled]]`
+//! (defaults 256, 64; `--sampled`: temperature 0.8, top_p 0.95 instead of
+//! greedy, drawn on the device by `Executor::execute_sampled`)
 //!
 //! The real engine loop (scheduler, paged KV manager, GPU executor, sampler,
 //! postprocessing) runs SmolLM2-135M's shapes in bf16 on a
@@ -187,6 +189,7 @@ fn main() {
         .collect();
     let seqs = args.first().copied().unwrap_or(256);
     let steps = args.get(1).copied().unwrap_or(64);
+    let sampled = std::env::args().any(|a| a == "--sampled");
     let (lens, source) = match sharegpt_lengths(seqs) {
         Some(l) => (l, "fetched ShareGPT prompt lengths"),
         None => (
@@ -231,11 +234,16 @@ fn main() {
         let prompt = (0..len as u32)
             .map(|j| (j * 7919 + i as u32 * 104_729) % VOCAB as u32)
             .collect();
-        let params = RequestParams {
+        let mut params = RequestParams {
             max_tokens: Some(OUTPUT),
             ignore_eos: true,
             ..RequestParams::default()
         };
+        if sampled {
+            params.sampling.temperature = 0.8;
+            params.sampling.top_p = 0.95;
+            params.sampling.seed = Some(i as u64);
+        }
         engine
             .add_request(RequestId(i as u64), prompt, params)
             .expect("request");
@@ -265,7 +273,8 @@ fn main() {
     let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / steps as f64;
     let mean = times.iter().sum::<f64>() / steps as f64;
     println!(
-        "gpu_host: {seqs} sequences, {source}: mean prompt {:.0} tokens; {prefill_steps} prefill steps, then {steps} decode steps",
+        "gpu_host: {seqs} sequences ({}), {source}: mean prompt {:.0} tokens; {prefill_steps} prefill steps, then {steps} decode steps",
+        if sampled { "sampled: temperature 0.8, top_p 0.95" } else { "greedy" },
         prompt_total as f64 / seqs as f64
     );
     println!("| per decode step | value |");
