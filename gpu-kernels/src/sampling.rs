@@ -227,7 +227,7 @@ struct Scale {
 impl Scale {
     #[inline(always)]
     fn of(self, v: f32) -> Option<f32> {
-        v.is_finite().then(|| (v - self.max) * self.inv_t)
+        v.is_finite().then_some((v - self.max) * self.inv_t)
     }
 }
 
