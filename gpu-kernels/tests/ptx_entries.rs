@@ -86,7 +86,7 @@ fn ptx_entry_points_match_the_host_table() {
 fn kernel_table_has_every_family_dtype_and_head_size() {
     assert_eq!(
         KERNELS.len(),
-        4 * 3 * gpu_kernels::attention::HEAD_SIZES.len() + 8 * 3 + 1 // + greedy_rows_f32
+        4 * 3 * gpu_kernels::attention::HEAD_SIZES.len() + 8 * 3 + 2 // + greedy_rows_f32, sample_rows_f32
     );
     for dt in ["f32", "f16", "bf16"] {
         for h in gpu_kernels::attention::HEAD_SIZES {
