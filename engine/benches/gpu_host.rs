@@ -1,6 +1,8 @@
 //! Host side of the GPU executor, without a GPU (issue 14, item 7).
 //!
-//! `cargo bench -p engine --bench gpu_host [-- SEQS STEPS]` (defaults 256, 64)
+//! `cargo bench -p engine --bench gpu_host [-- SEQS STEPS [--sampled]]`
+//! (defaults 256, 64; `--sampled`: temperature 0.8, top_p 0.95 instead of
+//! greedy, drawn on the device by `Executor::execute_sampled`)
 //!
 //! The real engine loop (scheduler, paged KV manager, GPU executor, sampler,
 //! postprocessing) runs SmolLM2-135M's shapes in bf16 on a
@@ -232,11 +234,16 @@ fn start(name: &'static str, lens: &[usize], blocks: usize, graphs: bool) -> (Ru
         let prompt = (0..len as u32)
             .map(|j| (j * 7919 + i as u32 * 104_729) % VOCAB as u32)
             .collect();
-        let params = RequestParams {
+        let mut params = RequestParams {
             max_tokens: Some(OUTPUT),
             ignore_eos: true,
             ..RequestParams::default()
         };
+        if std::env::args().any(|a| a == "--sampled") {
+            params.sampling.temperature = 0.8;
+            params.sampling.top_p = 0.95;
+            params.sampling.seed = Some(i as u64);
+        }
         engine
             .add_request(RequestId(i as u64), prompt, params)
             .expect("request");
@@ -348,7 +355,12 @@ fn main() {
         .zip(cpu0)
         .map(|(b, a)| (b - a) * 1e6 / (2 * steps) as f64);
     println!(
-        "gpu_host: {seqs} sequences, {source}: mean prompt {:.0} tokens; {prefill_steps} prefill steps, then {steps} decode steps per mode, the two modes interleaved step by step",
+        "gpu_host: {seqs} sequences ({}), {source}: mean prompt {:.0} tokens; {prefill_steps} prefill steps, then {steps} decode steps per mode, the two modes interleaved step by step",
+        if std::env::args().any(|a| a == "--sampled") {
+            "sampled: temperature 0.8, top_p 0.95"
+        } else {
+            "greedy"
+        },
         prompt_total as f64 / seqs as f64
     );
     let cols: Vec<Vec<String>> = runs.iter_mut().map(|r| r.column(steps)).collect();

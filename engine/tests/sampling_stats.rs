@@ -1,8 +1,12 @@
 //! Statistical tests of the sampler on fixed logits: empirical frequencies
 //! over many seeded draws against the exact truncated distribution,
 //! computed here plainly (f64, full sort) from the definitions; penalties
-//! checked against hand-computed logits.
+//! checked against hand-computed logits. The GPU sampler (the sampling
+//! kernel on the host emulator, `engine::sampler::device`) is checked the
+//! same way with fewer draws (the emulator runs a thread per GPU thread).
 
+use engine::executor::Logits;
+use engine::sampler::device::{emulate_rows, DeviceRow};
 use engine::sampler::{ops, sample_row, SamplingParams, SeqContext};
 
 const LOGITS: [f32; 8] = [2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0];
@@ -34,6 +38,24 @@ fn reference(logits: &[f32], t: f64, top_k: usize, top_p: f64, min_p: f64) -> Ve
     out
 }
 
+/// Frequencies of `draws` draws by the emulated sampling kernel (seeds
+/// `0..draws`, one row each).
+fn gpu_frequencies(p: &SamplingParams, draws: u64) -> Vec<f64> {
+    let rows: Vec<DeviceRow> = (0..draws)
+        .map(|seed| DeviceRow::of(p, seed, 0, 0).expect("a device row"))
+        .collect();
+    let logits = Logits {
+        rows: rows.len(),
+        vocab: LOGITS.len(),
+        data: LOGITS.repeat(rows.len()),
+    };
+    let mut counts = vec![0u64; LOGITS.len()];
+    for s in emulate_rows(&logits, &rows) {
+        counts[s.token as usize] += 1;
+    }
+    counts.iter().map(|&c| c as f64 / draws as f64).collect()
+}
+
 fn frequencies(p: &SamplingParams) -> Vec<f64> {
     let tokens = [0u32];
     let mut counts = vec![0u64; LOGITS.len()];
@@ -54,12 +76,15 @@ fn frequencies(p: &SamplingParams) -> Vec<f64> {
 /// Every token within 4.5 standard deviations of its exact probability,
 /// and tokens outside the truncation never drawn.
 fn check(p: SamplingParams, want: Vec<f64>) {
-    let got = frequencies(&p);
-    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+    check_freqs(&p, &frequencies(&p), &want, DRAWS);
+}
+
+fn check_freqs(p: &SamplingParams, got: &[f64], want: &[f64], draws: u64) {
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         if w == 0.0 {
             assert_eq!(g, 0.0, "token {i} is outside the truncation: {p:?}");
         } else {
-            let sd = (w * (1.0 - w) / DRAWS as f64).sqrt();
+            let sd = (w * (1.0 - w) / draws as f64).sqrt();
             assert!(
                 (g - w).abs() < 4.5 * sd + 1e-9,
                 "token {i}: got {g}, want {w} ({p:?})"
@@ -192,10 +217,104 @@ fn min_tokens_suppresses_stop_ids() {
 }
 
 #[test]
-fn draws_depend_only_on_seed_stream_and_step() {
-    let a = ops::uniform(42, 3, 7);
-    assert_eq!(a, ops::uniform(42, 3, 7));
-    assert_ne!(a, ops::uniform(42, 4, 7));
-    assert_ne!(a, ops::uniform(42, 3, 8));
-    assert_ne!(a, ops::uniform(43, 3, 7));
+fn draws_depend_only_on_seed_stream_step_and_token() {
+    let a = ops::uniform(42, 3, 7, 5);
+    assert_eq!(a, ops::uniform(42, 3, 7, 5));
+    assert_ne!(a, ops::uniform(42, 4, 7, 5));
+    assert_ne!(a, ops::uniform(42, 3, 8, 5));
+    assert_ne!(a, ops::uniform(43, 3, 7, 5));
+    assert_ne!(a, ops::uniform(42, 3, 7, 6));
+}
+
+/// The GPU sampler's frequencies (emulated kernel) against the same exact
+/// distributions: temperature alone, then every truncation at once.
+#[test]
+fn gpu_sampler_matches_the_exact_distribution() {
+    const GPU_DRAWS: u64 = 400;
+    let t = params(0.7);
+    let want = reference(&LOGITS, 0.7, 8, 1.0, 0.0);
+    check_freqs(&t, &gpu_frequencies(&t, GPU_DRAWS), &want, GPU_DRAWS);
+    let all = SamplingParams {
+        top_k: Some(6),
+        top_p: 0.9,
+        min_p: 0.1,
+        ..params(1.3)
+    };
+    let want = reference(&LOGITS, 1.3, 6, 0.9, 0.1);
+    check_freqs(&all, &gpu_frequencies(&all, GPU_DRAWS), &want, GPU_DRAWS);
+}
+
+/// The same logits rows to the CPU sampler and to the emulated GPU sampler,
+/// every parameter combination cycled over many seeds, streams and steps:
+/// the drawn ids must be identical, the logprobs and top logprobs equal up
+/// to rounding. Fails if either side changes its key (seed, stream, step,
+/// token) or its kept-set rule.
+#[test]
+fn cpu_and_gpu_samplers_draw_the_same_token_from_the_same_logits() {
+    const ROWS: usize = 96;
+    const VOCAB: usize = 256;
+    let mut lcg = 0x2545_f491u32;
+    let data: Vec<f32> = (0..ROWS * VOCAB)
+        .map(|_| {
+            lcg = lcg.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            ((lcg >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 14.0
+        })
+        .collect();
+    let logits = Logits {
+        rows: ROWS,
+        vocab: VOCAB,
+        data,
+    };
+    let temps = [0.0f32, 0.3, 0.8, 1.0, 1.9];
+    let top_ps = [1.0f32, 0.95, 0.6, 0.3];
+    let top_ks = [None, Some(1), Some(3), Some(40), Some(255), Some(1000)];
+    let min_ps = [0.0f32, 0.02, 0.3];
+    let logprobs = [None, Some(0), Some(3), Some(20)];
+    let params: Vec<SamplingParams> = (0..ROWS)
+        .map(|r| SamplingParams {
+            temperature: temps[r % temps.len()],
+            top_p: top_ps[(r / 2) % top_ps.len()],
+            top_k: top_ks[(r / 3) % top_ks.len()],
+            min_p: min_ps[(r / 5) % min_ps.len()],
+            logprobs: logprobs[(r / 7) % logprobs.len()],
+            ..SamplingParams::default()
+        })
+        .collect();
+    let seed = |r: usize| (r as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let (seq_index, prompt_len) = (|r: usize| r % 4, 3);
+    let output_len = |r: usize| (r * 13) % 50;
+    let rows: Vec<DeviceRow> = (0..ROWS)
+        .map(|r| {
+            DeviceRow::of(&params[r], seed(r), seq_index(r), output_len(r)).expect("device row")
+        })
+        .collect();
+    let gpu = emulate_rows(&logits, &rows);
+    assert_eq!(gpu.len(), ROWS);
+    let mut random_draws = 0;
+    for (r, p) in params.iter().enumerate() {
+        let tokens = vec![1u32; prompt_len + output_len(r)];
+        let ctx = SeqContext {
+            params: p,
+            tokens: &tokens,
+            prompt_len,
+            seed: seed(r),
+            seq_index: seq_index(r),
+            stop_ids: &[],
+        };
+        let cpu = sample_row(logits.row(r), &ctx);
+        assert_eq!(gpu[r].token, cpu.token, "row {r}: {p:?}");
+        assert!(
+            (gpu[r].logprob - cpu.logprob).abs() < 1e-5,
+            "row {r} logprob"
+        );
+        let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+        assert_eq!(ids(&gpu[r].top_logprobs), ids(&cpu.top_logprobs), "row {r}");
+        for (g, c) in gpu[r].top_logprobs.iter().zip(&cpu.top_logprobs) {
+            assert!((g.1 - c.1).abs() < 1e-5, "row {r} top logprob");
+        }
+        if p.temperature > 0.0 && p.top_k != Some(1) {
+            random_draws += 1;
+        }
+    }
+    assert!(random_draws > 45, "{random_draws} random draws");
 }

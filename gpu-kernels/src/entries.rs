@@ -226,4 +226,7 @@ define_kernels! {
     { embedding_f32: f32, 0; embedding_f16: f16, 0; embedding_bf16: bf16, 0; }
     family (out: *mut f32, logits: *const T, vocab: u32) => crate::sampling::greedy_rows::<T>;
     { greedy_rows_f32: f32, 0; }
+    family (out: *mut f32, logits: *const f32, params: *const u32, vocab: u32, n_top: u32)
+        => crate::sampling::sample_rows;
+    { sample_rows_f32: f32, 0; }
 }

@@ -13,6 +13,8 @@
 //!   parameter lists a CUDA executor launches by.
 //! - [`launch`]: grid/block/shared-memory sizing for every kernel family.
 //! - [`prefill_mma`]: FlashAttention-2 prefill on tensor cores (`mma.sync`, bf16/f16).
+//! - [`sampling`] and [`philox`]: on-device sampling and the counter-based generator the
+//!   CPU sampler shares with it.
 //!
 //! Invariants: the crate is `#![no_std]` and has no host dependencies on nvptx; every
 //! kernel is written for any 1-D block whose size is a multiple of 32 (at most 1024),
@@ -39,6 +41,7 @@ pub mod entries;
 pub mod launch;
 pub mod norm;
 pub mod prefill_mma;
+pub mod philox;
 mod reduce;
 pub mod sampling;
 pub mod sig;

@@ -199,17 +199,14 @@ impl LlmEngine {
             self.timings.schedule += t1 - t0;
             return outs.list;
         }
-        let greedy = if self.all_rows_plain_greedy(&sched) {
-            // Greedy rows reduced by the executor (on a GPU: 12 bytes per row
-            // leave the device); `None` means it ran nothing: fall through.
-            self.runner
-                .direct()
-                .and_then(|e| e.execute_greedy(&sched.ops, &sched.batch).transpose())
-        } else {
-            None
-        };
-        let (result, masks) = match greedy {
-            Some(r) => (r.map(StepResult::Greedy), Vec::new()),
+        // Draws made by the executor where the logits are (on a GPU only
+        // ids and logprobs leave the device); `None`: it ran nothing.
+        let path = self.device_path(&sched);
+        let device = self.runner.direct().and_then(|e| {
+            postprocess::run_on_device(e, &sched.ops, &sched.batch, &path).transpose()
+        });
+        let (result, masks) = match device {
+            Some(r) => (r.map(StepResult::Device), Vec::new()),
             None => {
                 let (r, masks) = self.execute_with_masks(&sched);
                 (r.map(StepResult::Logits), masks)

@@ -40,10 +40,11 @@
 //! Cost: two channel messages per step and one `HashMap` of the step's rows;
 //! host work of N+1's schedule and of N's postprocess overlaps the executor.
 
-use super::postprocess::needs_fork;
+use super::postprocess::{needs_fork, run_on_device, DevicePath};
+use crate::sampler::SampleOut;
 use super::{mask_work, place_masks, push_refused, LlmEngine, Outputs, RequestOutput};
 use crate::error::EngineError;
-use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, Logits};
+use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch, Logits};
 use crate::grammar::Mask;
 use crate::scheduler::{RequestId, SampleTarget, SchedulerOutput, SeqStatus, SequenceGroup};
 use std::collections::HashMap;
@@ -68,8 +69,8 @@ pub struct OverlapStats {
 
 /// What the executor answered for one step.
 pub(super) enum StepResult {
-    /// Each sampled row's greedy choice (`Executor::execute_greedy`).
-    Greedy(Vec<GreedyRow>),
+    /// Each sampled row's draw made by the executor (`DevicePath`).
+    Device(Vec<SampleOut>),
     Logits(Logits),
 }
 
@@ -95,8 +96,8 @@ impl Runner {
 struct Job {
     ops: BlockOps,
     batch: ForwardBatch,
-    /// Every row is plain greedy: try `execute_greedy` first.
-    greedy: bool,
+    /// Whether the executor may draw the rows itself (tried first).
+    path: DevicePath,
 }
 
 /// A thread that owns the executor and runs the steps it is sent, in order.
@@ -154,10 +155,8 @@ impl Drop for ExecWorker {
 }
 
 fn run_job(executor: &mut dyn Executor, job: &Job) -> Result<StepResult, ExecError> {
-    if job.greedy {
-        if let Some(rows) = executor.execute_greedy(&job.ops, &job.batch)? {
-            return Ok(StepResult::Greedy(rows));
-        }
+    if let Some(rows) = run_on_device(executor, &job.ops, &job.batch, &job.path)? {
+        return Ok(StepResult::Device(rows));
     }
     executor
         .execute(&job.ops, &job.batch)
@@ -242,7 +241,7 @@ impl LlmEngine {
         let job = Job {
             ops: std::mem::take(&mut sched.ops),
             batch: std::mem::take(&mut sched.batch),
-            greedy: self.all_rows_plain_greedy(&sched),
+            path: self.device_path(&sched),
         };
         if let Runner::Worker(w) = &self.runner {
             w.submit(job);

@@ -27,8 +27,9 @@
 use super::overlap::StepResult;
 use super::{finish_reason, LlmEngine, Outputs};
 use crate::error::EngineError;
-use crate::executor::{ExecError, GreedyRow, Logits};
+use crate::executor::{ExecError, Executor, Logits};
 use crate::grammar::Mask;
+use crate::sampler::device::DeviceRow;
 use crate::sampler::{
     greedy_on_device, prompt_logprob, sample_row, top_logprobs, SampleOut, SeqContext,
 };
@@ -54,8 +55,9 @@ pub(super) struct Drawn {
 
 /// A step's outcome after sampling, before any sequence changes.
 pub(super) enum Sampled {
-    /// The executor's greedy choice per sampled row.
-    Greedy(Vec<GreedyRow>),
+    /// The executor's draw per sampled row (greedy or sampled where the
+    /// logits are: `DevicePath`).
+    Device(Vec<SampleOut>),
     /// Host draws from the logits (kept for the beam rows).
     Drawn(Drawn, Logits),
     /// The step failed: its requests are aborted at commit.
@@ -67,7 +69,7 @@ impl Sampled {
     /// plain rows (beam rows are decided at commit).
     pub(super) fn tokens(&self, targets: &[SampleTarget]) -> HashMap<(RequestId, usize), u32> {
         match self {
-            Self::Greedy(rows) => targets
+            Self::Device(rows) => targets
                 .iter()
                 .zip(rows)
                 .map(|(t, r)| ((t.request_id, t.seq_index), r.token))
@@ -95,9 +97,9 @@ impl LlmEngine {
     ) -> Sampled {
         let rows = sched.targets.len() + sched.prompt_targets.len();
         match result {
-            Ok(StepResult::Greedy(g)) if g.len() == sched.targets.len() => Sampled::Greedy(g),
-            Ok(StepResult::Greedy(g)) => Sampled::Failed(EngineError::Executor(format!(
-                "{} greedy rows for {} sampled rows",
+            Ok(StepResult::Device(g)) if g.len() == sched.targets.len() => Sampled::Device(g),
+            Ok(StepResult::Device(g)) => Sampled::Failed(EngineError::Executor(format!(
+                "{} device rows for {} sampled rows",
                 g.len(),
                 sched.targets.len()
             ))),
@@ -126,7 +128,7 @@ impl LlmEngine {
         outs: &mut Outputs,
     ) {
         match sampled {
-            Sampled::Greedy(rows) => self.apply_greedy_rows(&sched.targets, &rows, outs),
+            Sampled::Device(rows) => self.apply_device_rows(&sched.targets, rows, outs),
             Sampled::Drawn(drawn, logits) => self.commit_draws(drawn, &logits, outs),
             Sampled::Failed(e) => self.fail_step(sched, e, outs),
         }
@@ -174,6 +176,20 @@ impl LlmEngine {
             .is_some_and(|s| !s.is_finished() && s.tokens.len() == t.num_tokens)
     }
 
+    /// Which draws the executor may make where the logits are: plain greedy
+    /// steps through `execute_greedy` (12 bytes per row), other steps whose
+    /// every row has a [`DeviceRow`] through `execute_sampled`; anything else
+    /// (a row needing the logits) takes the logits path.
+    pub(super) fn device_path(&self, sched: &SchedulerOutput) -> DevicePath {
+        if self.all_rows_plain_greedy(sched) {
+            DevicePath::Greedy
+        } else if let Some(rows) = self.device_rows(sched) {
+            DevicePath::Sampled(rows)
+        } else {
+            DevicePath::Logits
+        }
+    }
+
     /// True when every row of the step is a plain greedy draw (one sequence,
     /// no beam, no prompt rows, and `sampler::greedy_on_device`), so the
     /// executor may reduce the rows where the logits are.
@@ -194,17 +210,47 @@ impl LlmEngine {
             })
     }
 
-    /// Appends the executor's greedy choice of each row (see
-    /// [`Self::all_rows_plain_greedy`]): the same token and logprob the CPU
-    /// sampler would give, no top logprobs.
-    pub(super) fn apply_greedy_rows(
+    /// Each row's device draw, or `None` when a row needs the logits path
+    /// (beam search, a group about to fork, a grammar, `logit_bias`,
+    /// penalties, `min_tokens` suppression) or the step has prompt rows.
+    fn device_rows(&self, sched: &SchedulerOutput) -> Option<Vec<DeviceRow>> {
+        if sched.targets.is_empty() || !sched.prompt_targets.is_empty() {
+            return None;
+        }
+        sched
+            .targets
+            .iter()
+            .map(|t| {
+                let g = self.scheduler.group(t.request_id)?;
+                let p = &g.params.sampling;
+                if p.use_beam_search
+                    || needs_fork(g)
+                    || p.structured.is_some()
+                    || !p.logit_bias.is_empty()
+                {
+                    return None;
+                }
+                let s = g.seqs.get(t.seq_index)?;
+                // The count when scheduled, not now: with asynchronous
+                // scheduling the previous step's token may not be appended
+                // yet, and the draw's counter must be the synchronous loop's.
+                let output_len = t.num_tokens.saturating_sub(s.prompt_len);
+                DeviceRow::of(p, g.seed, t.seq_index, output_len)
+            })
+            .collect()
+    }
+
+    /// Appends the executor's draw of each row (see
+    /// [`Self::sample_on_device`]): the token, logprob and top logprobs the
+    /// CPU sampler would give on the same logits.
+    fn apply_device_rows(
         &mut self,
         targets: &[SampleTarget],
-        rows: &[GreedyRow],
+        rows: Vec<SampleOut>,
         outs: &mut Outputs,
     ) {
         let mut appended = 0;
-        for (row, (t, g)) in targets.iter().zip(rows).enumerate() {
+        for (row, (t, s)) in targets.iter().zip(rows).enumerate() {
             if !self.is_live(t) {
                 continue;
             }
@@ -213,11 +259,6 @@ impl LlmEngine {
                 row,
                 request_id: t.request_id,
                 seq_index: t.seq_index,
-            };
-            let s = SampleOut {
-                token: g.token,
-                logprob: g.logprob,
-                top_logprobs: Vec::new(),
             };
             self.append_sampled(draw, Some(s), outs);
         }
@@ -503,4 +544,32 @@ fn best_of_output(group: &mut SequenceGroup) -> crate::RequestOutput {
         };
     }
     out
+}
+
+/// How a step's rows are drawn (see [`LlmEngine::device_path`]).
+pub(super) enum DevicePath {
+    /// The host samples from downloaded logits.
+    Logits,
+    /// Every row plain greedy: `Executor::execute_greedy`.
+    Greedy,
+    /// Every row drawable on the device: `Executor::execute_sampled`.
+    Sampled(Vec<DeviceRow>),
+}
+
+/// Runs the step on `path`'s device route. `Ok(None)`: the path is
+/// [`DevicePath::Logits`] or the executor has no such route (it ran
+/// nothing); the caller runs `execute`.
+pub(super) fn run_on_device(
+    executor: &mut dyn Executor,
+    ops: &crate::executor::BlockOps,
+    batch: &crate::executor::ForwardBatch,
+    path: &DevicePath,
+) -> Result<Option<Vec<SampleOut>>, ExecError> {
+    match path {
+        DevicePath::Logits => Ok(None),
+        DevicePath::Greedy => Ok(executor
+            .execute_greedy(ops, batch)?
+            .map(|rows| rows.iter().map(SampleOut::from).collect())),
+        DevicePath::Sampled(rows) => executor.execute_sampled(ops, batch, rows),
+    }
 }

@@ -40,6 +40,21 @@ pub trait Executor: Send {
         Ok(None)
     }
 
+    /// Runs the step like [`Executor::execute`] and draws each logits row
+    /// where the logits are, with `rows[i]`'s parameters (see
+    /// `sampler::device`): on a GPU only each row's token, logprob and top
+    /// logprobs leave the device. `rows` has one entry per logits row.
+    /// `Ok(None)`: this executor has no such path and ran nothing; call
+    /// `execute` and sample on the CPU.
+    fn execute_sampled(
+        &mut self,
+        _ops: &BlockOps,
+        _batch: &ForwardBatch,
+        _rows: &[crate::sampler::device::DeviceRow],
+    ) -> Result<Option<Vec<crate::sampler::SampleOut>>, ExecError> {
+        Ok(None)
+    }
+
     /// Vocabulary size of the loaded model.
     fn vocab_size(&self) -> usize;
 

@@ -9,6 +9,7 @@
 //! (a row of only NaN yields token 0 with logprob NaN); the logprob is
 //! `logit - logsumexp(row)` over the finite logits. Cost: O(vocab) per row.
 
+pub mod device;
 pub mod ops;
 pub mod params;
 pub mod prompt;
@@ -104,27 +105,9 @@ fn log_sum_exp(row: &[f32], max: f32) -> f32 {
     max + sum.ln() as f32
 }
 
-/// `e^x` for `x <= 0` (larger inputs are clamped to 0), relative error
-/// below 5e-7 (a few ulp): Cody-Waite range reduction `x = n ln2 + r`, a degree-6
-/// polynomial for `e^r`, and `2^n` built in the exponent bits. Branch-free
-/// so it vectorizes; returns 0 below -87.
-#[inline(always)]
-pub fn fast_exp(x: f32) -> f32 {
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let x = x.clamp(-87.0, 0.0);
-    // Round to nearest without a libm call: adding 1.5 * 2^23 pushes the
-    // fraction out of the mantissa (|x log2 e| < 2^22 here).
-    const ROUND: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    p * scale
-}
+/// `e^x` for `x <= 0` (see `gpu_kernels::sampling::exp_poly`: the one
+/// definition the CPU sampler and the sampling kernel share).
+pub use gpu_kernels::sampling::exp_poly as fast_exp;
 
 #[cfg(test)]
 mod tests {

@@ -1,24 +1,28 @@
 //! One sequence's draw from one logits row: penalties, `min_tokens`
-//! suppression, temperature, top-k, top-p, min-p, then a draw with the
-//! sequence's own generator; plus the raw top logprobs.
+//! suppression, temperature, top-k, top-p, min-p, then a draw ([`draw`]: an
+//! exponential race over Philox uniforms, the algorithm the sampling kernel
+//! runs too, so on the same logits both draw the same token); plus the raw
+//! top logprobs.
 //!
 //! Invariants:
 //! - logprobs (of the chosen token and the top alternatives) are always taken
 //!   from the raw row's log-softmax, as vLLM returns them by default; the
 //!   processed distribution only decides which token is drawn;
-//! - the uniform number of draw `i` of sequence `s` under seed `k` is a pure
-//!   function of `(k, s, i)` ([`uniform`]), so a seeded request gives the same
-//!   tokens whatever else is batched with it and across preemption;
+//! - the uniform number of token `t` in draw `i` of sequence `s` under seed
+//!   `k` is a pure function of `(k, s, i, t)` ([`uniform`]), so a seeded
+//!   request gives the same tokens whatever else is batched with it, across
+//!   preemption, and on the CPU or the GPU sampler (rounding aside);
 //! - ties are broken towards the lowest token id everywhere.
 //!
 //! Cost: O(V) for greedy without penalties; O(V + H) with penalties (H the
-//! history length); O(V log V) for a random draw without top-k (one sort of
-//! the finite logits), O(V + k log k) with top-k.
+//! history length); a random draw O(V) plus one Philox block per kept token,
+//! plus O(V) for top-k (a selection) and O(K log K) for top-p (a sort of the
+//! K top-k keeps).
 
 use super::params::SamplingParams;
 use super::{log_sum_exp, max_ignoring_nan, Sampler};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use gpu_kernels::philox;
+use gpu_kernels::sampling::{exp_poly, order_key, race_score};
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 
@@ -52,14 +56,21 @@ pub struct SampleOut {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
-/// The uniform number in [0, 1) of draw `step` of sequence `seq_index`
-/// under `seed`: ChaCha8 keyed by the seed, one stream per sequence, the
-/// word position by step.
-pub fn uniform(seed: u64, seq_index: usize, step: usize) -> f64 {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    rng.set_stream(seq_index as u64);
-    rng.set_word_pos(step as u128 * 2);
-    rng.gen::<f64>()
+impl From<&crate::executor::GreedyRow> for SampleOut {
+    fn from(g: &crate::executor::GreedyRow) -> Self {
+        Self {
+            token: g.token,
+            logprob: g.logprob,
+            top_logprobs: Vec::new(),
+        }
+    }
+}
+
+/// The uniform number in (0, 1) of token `token` in draw `step` of
+/// sequence `seq_index` under `seed`: Philox4x32-10 keyed by the seed,
+/// shared with the sampling kernel (`gpu_kernels::philox`).
+pub fn uniform(seed: u64, seq_index: usize, step: usize, token: u32) -> f32 {
+    philox::token_uniform(seed, seq_index as u32, step as u32, token)
 }
 
 /// Draws one token for `ctx` from `row`.
@@ -95,8 +106,7 @@ pub fn sample_row(row: &[f32], ctx: &SeqContext<'_>) -> SampleOut {
         if p.is_greedy() {
             Sampler.greedy(&logits).token
         } else {
-            let u = uniform(ctx.seed, ctx.seq_index, ctx.output_len());
-            draw(&logits, p, u)
+            draw(&logits, p, ctx.seed, ctx.seq_index, ctx.output_len())
         }
     };
     let raw = row.get(token as usize).copied().unwrap_or(f32::NAN);
@@ -175,49 +185,80 @@ fn top_k_sorted(row: &[f32], k: Option<usize>) -> Vec<(u32, f32)> {
     cands
 }
 
-/// The kept candidates (best first) and their unnormalized probabilities
-/// after temperature, top-k, top-p and min-p.
-pub fn truncated_distribution(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
-    let cands = top_k_sorted(logits, p.top_k);
-    let Some(&(_, best)) = cands.first() else {
-        return Vec::new();
-    };
-    let t = f64::from(p.temperature.max(f32::MIN_POSITIVE));
-    let mut probs: Vec<(u32, f64)> = cands
-        .iter()
-        .map(|&(id, v)| (id, ((f64::from(v) - f64::from(best)) / t).exp()))
-        .collect();
-    let total: f64 = probs.iter().map(|x| x.1).sum();
-    // top-p: keep a token while the mass before it is below top_p.
-    let mut before = 0.0;
-    let keep_p = probs
-        .iter()
-        .take_while(|x| {
-            let keep = before < f64::from(p.top_p) * total;
-            before += x.1;
-            keep
-        })
-        .count()
-        .max(1);
-    probs.truncate(keep_p);
-    // min-p: relative to the most likely token (probs[0] is 1 before scaling).
-    let floor = f64::from(p.min_p) * probs[0].1;
-    let keep_min = probs.iter().take_while(|x| x.1 >= floor).count().max(1);
-    probs.truncate(keep_min);
-    probs
-}
-
-/// Inverse-CDF draw with `u` in [0, 1) from the truncated distribution.
-fn draw(logits: &[f32], p: &SamplingParams, u: f64) -> u32 {
-    let probs = truncated_distribution(logits, p);
-    let total: f64 = probs.iter().map(|x| x.1).sum();
-    let target = u * total;
-    let mut acc = 0.0;
-    for &(id, w) in &probs {
-        acc += w;
-        if target < acc {
-            return id;
+/// The order key ([`order_key`]) at and above which a scaled logit is kept
+/// by top-k then top-p: the largest `thr` such that at least `k` finite
+/// entries have `key >= thr` and, among those top-k keeps, the mass
+/// `sum exp(s)` over `key >= thr` is at least `top_p` of theirs (0: keep
+/// all). The sampling kernel finds the same threshold by a bitwise search of
+/// reductions; here it is read off a partial sort. `scaled` is reordered.
+pub fn keep_threshold(scaled: &mut [(u32, f32)], p: &SamplingParams) -> u32 {
+    let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.partial_cmp(&a.1).unwrap_or(Ordering::Equal);
+    let mut kept = scaled.len();
+    let mut thr = 0;
+    if let Some(k) = p.top_k.filter(|&k| k > 0 && k < scaled.len()) {
+        scaled.select_nth_unstable_by(k - 1, desc);
+        thr = order_key(scaled[k - 1].1);
+        // Ties of the k-th value are kept too: move every key >= thr first.
+        kept = partition(scaled, |x| order_key(x.1) >= thr);
+    }
+    if p.top_p < 1.0 {
+        let top = &mut scaled[..kept];
+        top.sort_unstable_by(desc);
+        let z: f64 = top.iter().map(|x| f64::from(exp_poly(x.1))).sum();
+        let target = f64::from(p.top_p) * z;
+        let mut mass = 0.0;
+        for x in top.iter() {
+            mass += f64::from(exp_poly(x.1));
+            if mass >= target {
+                thr = order_key(x.1);
+                break;
+            }
         }
     }
-    probs.last().map_or(0, |x| x.0)
+    thr
+}
+
+/// Moves the entries satisfying `keep` to the front; returns their count.
+fn partition(v: &mut [(u32, f32)], keep: impl Fn(&(u32, f32)) -> bool) -> usize {
+    let mut n = 0;
+    for i in 0..v.len() {
+        if keep(&v[i]) {
+            v.swap(n, i);
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Draws from `logits` (temperature > 0): scaled logits `s = (l - max) / T`
+/// over the finite entries, kept when `key(s) >=` [`keep_threshold`] and
+/// `exp(s) >= min_p`; the token is the kept argmax of
+/// `race_score(s, uniform(seed, seq_index, step, id))` (an exponential
+/// race), lowest id on ties; token 0 when no logit is finite. The sampling
+/// kernel (`gpu_kernels::sampling::sample_rows`) runs the same definition.
+pub fn draw(logits: &[f32], p: &SamplingParams, seed: u64, seq_index: usize, step: usize) -> u32 {
+    let max = max_ignoring_nan(logits);
+    let inv_t = 1.0 / p.temperature;
+    let mut scaled: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.is_finite())
+        .map(|(i, &v)| (i as u32, (v - max) * inv_t))
+        .collect();
+    let thr = keep_threshold(&mut scaled, p);
+    let mut best = (f32::NEG_INFINITY, u32::MAX);
+    for &(id, s) in &scaled {
+        if order_key(s) < thr || exp_poly(s) < p.min_p {
+            continue;
+        }
+        let score = race_score(s, uniform(seed, seq_index, step, id));
+        if score > best.0 || (score == best.0 && id < best.1) || best.1 == u32::MAX {
+            best = (score, id);
+        }
+    }
+    if best.1 == u32::MAX {
+        0
+    } else {
+        best.1
+    }
 }

@@ -414,12 +414,16 @@ pub enum Output {
     Logits,
     /// Each row's greedy choice (`rows x 12` bytes downloaded).
     Greedy,
+    /// Nothing downloaded: the logits rows stay on the device (`sample.rs`).
+    Device,
 }
 
 /// A step's result, as asked by [`Output`].
 pub enum StepOut {
     Logits(Logits),
     Greedy(Vec<GreedyRow>),
+    /// `[rows, vocab]` f32 logits on the device (valid until the next step).
+    Device(DevPtr),
 }
 
 /// Runs the forward pass of a validated `batch` and returns its logits rows.
@@ -436,7 +440,7 @@ pub fn run(
 ) -> Result<Logits, GpuError> {
     match run_to(dev, k, d, t, w, kv, s, batch, Output::Logits)? {
         StepOut::Logits(l) => Ok(l),
-        StepOut::Greedy(_) => Err(GpuError::Device(
+        StepOut::Greedy(_) | StepOut::Device(_) => Err(GpuError::Device(
             "greedy rows where logits were asked".into(),
         )),
     }
@@ -543,7 +547,7 @@ pub fn finish(
     let missing = || GpuError::Device("no output buffer for the step's rows".into());
     match out {
         _ if r == 0 => Ok(match out {
-            Output::Logits => StepOut::Logits(Logits {
+            Output::Logits | Output::Device => StepOut::Logits(Logits {
                 rows: 0,
                 vocab: d.vocab,
                 data: Vec::new(),
@@ -556,6 +560,8 @@ pub fn finish(
             dev.download(buf, &mut s.greedy_host)?;
             Ok(StepOut::Greedy(greedy_rows(&s.greedy_host)))
         }
+        // The logits stay on the device for the sampler (`sample.rs`).
+        Output::Device => Ok(StepOut::Device(s.logits.as_ref().ok_or_else(missing)?.ptr)),
         Output::Logits => {
             let logits = s.logits.as_ref().ok_or_else(missing)?.ptr;
             // Straight into the f32 rows (one allocation, no decode pass).

@@ -14,6 +14,7 @@
 //! - [`forward`]: one step's forward pass (the persistent device batch,
 //!   per-layer kernels).
 //! - [`graphs`]: CUDA graphs of decode-only steps, per batch-size bucket.
+//! - [`sample`]: sampling on the device (`Executor::execute_sampled`).
 //! - [`blocks`]: the KV pools and the block operations (swap out, swap in,
 //!   copy-on-write `copy_blocks`).
 //!
@@ -31,6 +32,7 @@ pub mod device;
 pub mod emu;
 pub mod forward;
 pub mod graphs;
+pub mod sample;
 pub mod weights;
 
 #[cfg(feature = "cuda")]
@@ -43,6 +45,7 @@ pub use emu::EmuDevice;
 use super::{
     BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, HostModel, KvGeometry, Logits,
 };
+use crate::sampler::{device::DeviceRow, SampleOut};
 use blocks::KvPools;
 use forward::{Dims, Kernels, Scratch};
 use graphs::Graphs;
@@ -113,6 +116,7 @@ pub struct GpuExecutor<D: Device> {
     scratch: Scratch,
     kernels: Kernels,
     graphs: Graphs,
+    sampling: sample::SampleState,
 }
 
 impl<D: Device> GpuExecutor<D> {
@@ -135,6 +139,7 @@ impl<D: Device> GpuExecutor<D> {
         }
         let weights = DeviceWeights::upload(&mut dev, &host, opts.dtype)?;
         let kernels = Kernels::resolve(&mut dev, opts.dtype, dims.head_dim)?;
+        let sampling = sample::SampleState::new(&mut dev)?;
         let config = host.config;
         let geom = |blocks| KvGeometry::for_model(config, blocks, opts.block_size);
         let (gpu_blocks, cpu_blocks) = match opts.kv {
@@ -180,6 +185,7 @@ impl<D: Device> GpuExecutor<D> {
             scratch: Scratch::default(),
             kernels,
             graphs: Graphs::new(graphs::MAX_BUCKET, false),
+            sampling,
         })
     }
 
@@ -296,11 +302,13 @@ impl<D: Device> GpuExecutor<D> {
         self.kv.apply(&mut self.dev, ops)?;
         if batch.token_ids.is_empty() && batch.logits_rows.is_empty() {
             return Ok(match out {
-                forward::Output::Logits => forward::StepOut::Logits(Logits {
-                    rows: 0,
-                    vocab: self.dims.vocab,
-                    data: Vec::new(),
-                }),
+                forward::Output::Logits | forward::Output::Device => {
+                    forward::StepOut::Logits(Logits {
+                        rows: 0,
+                        vocab: self.dims.vocab,
+                        data: Vec::new(),
+                    })
+                }
                 forward::Output::Greedy => forward::StepOut::Greedy(Vec::new()),
             });
         }
@@ -398,7 +406,7 @@ impl<D: Device> Executor for GpuExecutor<D> {
     fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
         match self.step(ops, batch, forward::Output::Logits)? {
             forward::StepOut::Logits(l) => Ok(l),
-            forward::StepOut::Greedy(_) => Err(ExecError::Device(
+            forward::StepOut::Greedy(_) | forward::StepOut::Device(_) => Err(ExecError::Device(
                 "greedy rows where logits were asked".into(),
             )),
         }
@@ -411,10 +419,19 @@ impl<D: Device> Executor for GpuExecutor<D> {
     ) -> Result<Option<Vec<GreedyRow>>, ExecError> {
         match self.step(ops, batch, forward::Output::Greedy)? {
             forward::StepOut::Greedy(rows) => Ok(Some(rows)),
-            forward::StepOut::Logits(_) => Err(ExecError::Device(
+            forward::StepOut::Logits(_) | forward::StepOut::Device(_) => Err(ExecError::Device(
                 "logits where greedy rows were asked".into(),
             )),
         }
+    }
+
+    fn execute_sampled(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        rows: &[DeviceRow],
+    ) -> Result<Option<Vec<SampleOut>>, ExecError> {
+        self.sample_step(ops, batch, rows).map(Some)
     }
 
     fn vocab_size(&self) -> usize {

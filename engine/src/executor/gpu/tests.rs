@@ -570,3 +570,144 @@ fn a_greedy_step_downloads_twelve_bytes_per_row_not_the_vocabulary() {
     // down, then the LM head.
     assert_eq!(full.gemms, (4 * c.num_hidden_layers + 1) as u64);
 }
+
+/// Draws with every device parameter, on the device and by the CPU sampler
+/// from the CPU executor's logits of the same batch: same tokens (the
+/// logits agree to rounding, far from these rows' race margins), logprobs
+/// and top logprobs equal to rounding.
+#[test]
+fn sampled_rows_on_the_device_equal_the_cpu_sampler() {
+    use crate::sampler::device::DeviceRow;
+    use crate::sampler::{sample_row, SamplingParams, SeqContext};
+    let (mut cpu, mut gpu) = pair(64, DType::F32);
+    let v = config(64).vocab_size;
+    let (ta, tb) = (table(8, 1), table(8, 2));
+    let (a, b) = (ids(9, 1, v), ids(13, 2, v));
+    let b = batch(&[
+        Part {
+            ids: &a,
+            past: 0,
+            table: &ta,
+            want: &[0, 4, 8],
+        },
+        Part {
+            ids: &b,
+            past: 0,
+            table: &tb,
+            want: &[12],
+        },
+    ]);
+    let params = [
+        SamplingParams {
+            logprobs: Some(3),
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            temperature: 1.5,
+            top_k: Some(5),
+            min_p: 0.01,
+            logprobs: Some(20),
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        },
+    ];
+    let rows: Vec<DeviceRow> = params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| DeviceRow::of(p, 1234 + i as u64, i % 2, 3 * i).expect("device row"))
+        .collect();
+    let none = BlockOps::default();
+    let logits = cpu.execute(&none, &b).expect("cpu step");
+    let got = gpu
+        .execute_sampled(&none, &b, &rows)
+        .expect("gpu step")
+        .expect("the GPU executor samples on the device");
+    assert_eq!(got.len(), 4);
+    for (i, (p, r)) in params.iter().zip(&rows).enumerate() {
+        let tokens = vec![1u32; 1 + r.step];
+        let ctx = SeqContext {
+            params: p,
+            tokens: &tokens,
+            prompt_len: 1,
+            seed: r.seed,
+            seq_index: r.seq_index,
+            stop_ids: &[],
+        };
+        let want = sample_row(logits.row(i), &ctx);
+        assert_eq!(got[i].token, want.token, "row {i}");
+        assert!((got[i].logprob - want.logprob).abs() < 1e-3, "row {i}");
+        let ids_of = |t: &[(u32, f32)]| t.iter().map(|x| x.0).collect::<Vec<_>>();
+        assert_eq!(ids_of(&got[i].top_logprobs), ids_of(&want.top_logprobs));
+    }
+    // A row count that does not match the logits rows is refused.
+    assert!(gpu.execute_sampled(&none, &b, &rows[..3]).is_err());
+    // The CPU executor has no device path: it says so and runs nothing.
+    assert!(cpu
+        .execute_sampled(&none, &b, &rows)
+        .expect("cpu")
+        .is_none());
+}
+
+#[test]
+fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
+    use super::CountingDevice;
+    use crate::sampler::device::DeviceRow;
+    use crate::sampler::SamplingParams;
+    let c = config(64);
+    let model = LlamaModel::new(c.clone(), random_weights(&c, 3)).expect("model");
+    let opts = GpuOptions {
+        dtype: DType::Bf16,
+        block_size: BS,
+        kv: KvSizing::Blocks {
+            gpu: BLOCKS,
+            cpu: 0,
+        },
+    };
+    let dev = CountingDevice::new(1 << 30);
+    let counters = dev.counters();
+    let mut gpu = GpuExecutor::new(dev, &model, opts).expect("gpu executor");
+    let parts: Vec<(Vec<u32>, Vec<BlockId>)> = (0..5)
+        .map(|s| (vec![(s * 7) as u32 + 1], table(2, s as u32)))
+        .collect();
+    let b = batch(
+        &parts
+            .iter()
+            .map(|(ids, t)| Part {
+                ids,
+                past: 4,
+                table: t,
+                want: &[0],
+            })
+            .collect::<Vec<_>>(),
+    );
+    let p = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        logprobs: Some(2),
+        ..SamplingParams::default()
+    };
+    let rows: Vec<DeviceRow> = (0..5)
+        .map(|i| DeviceRow::of(&p, 9, 0, i).expect("device row"))
+        .collect();
+    let none = BlockOps::default();
+    let before = counters.get();
+    gpu.execute_sampled(&none, &b, &rows).expect("sampled step");
+    let sampled = counters.get().since(&before);
+    // token, logprob and two (token, logprob) pairs per row.
+    assert_eq!((sampled.downloads, sampled.download_bytes), (1, 5 * 6 * 4));
+    let before = counters.get();
+    gpu.execute(&none, &b).expect("logits step");
+    let full = counters.get().since(&before);
+    assert_eq!(sampled.launches, full.launches + 1);
+    // The step's uploads plus the parameter words (8 per row).
+    assert_eq!(sampled.uploads, full.uploads + 1);
+    assert_eq!(sampled.upload_bytes, full.upload_bytes + 5 * 8 * 4);
+}
