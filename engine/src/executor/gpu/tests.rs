@@ -537,9 +537,13 @@ fn a_greedy_step_downloads_twelve_bytes_per_row_not_the_vocabulary() {
             cpu: 0,
         },
     };
+    // Eager, so that the launch and upload counts below compare like with
+    // like; the graph path is checked at the end.
     let dev = CountingDevice::new(1 << 30);
     let counters = dev.counters();
-    let mut gpu = GpuExecutor::new(dev, &model, opts).expect("gpu executor");
+    let mut gpu = GpuExecutor::new(dev, &model, opts)
+        .expect("gpu executor")
+        .with_cuda_graphs(8, true);
     let parts: Vec<(Vec<u32>, Vec<BlockId>)> = (0..5)
         .map(|s| (vec![(s * 7) as u32 + 1], table(2, s as u32)))
         .collect();
@@ -671,9 +675,13 @@ fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
             cpu: 0,
         },
     };
+    // Eager, so that the launch and upload counts below compare like with
+    // like; the graph path is checked at the end.
     let dev = CountingDevice::new(1 << 30);
     let counters = dev.counters();
-    let mut gpu = GpuExecutor::new(dev, &model, opts).expect("gpu executor");
+    let mut gpu = GpuExecutor::new(dev, &model, opts)
+        .expect("gpu executor")
+        .with_cuda_graphs(8, true);
     let parts: Vec<(Vec<u32>, Vec<BlockId>)> = (0..5)
         .map(|s| (vec![(s * 7) as u32 + 1], table(2, s as u32)))
         .collect();
@@ -698,6 +706,9 @@ fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
         .map(|i| DeviceRow::of(&p, 9, 0, i).expect("device row"))
         .collect();
     let none = BlockOps::default();
+    // A first step uploads the block tables (the persistent batch then
+    // sends only what changes): both measured steps below start warm.
+    gpu.execute(&none, &b).expect("warm-up step");
     let before = counters.get();
     gpu.execute_sampled(&none, &b, &rows).expect("sampled step");
     let sampled = counters.get().since(&before);
@@ -710,4 +721,20 @@ fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
     // The step's uploads plus the parameter words (8 per row).
     assert_eq!(sampled.uploads, full.uploads + 1);
     assert_eq!(sampled.upload_bytes, full.upload_bytes + 5 * 8 * 4);
+    // Through a CUDA graph (decode step padded to bucket 8) the step still
+    // downloads only the 5 real rows' draws, captured or replayed.
+    let dev = CountingDevice::new(1 << 30);
+    let counters = dev.counters();
+    let mut graphed = GpuExecutor::new(dev, &model, opts)
+        .expect("gpu executor")
+        .with_cuda_graphs(8, false);
+    for _ in 0..2 {
+        let before = counters.get();
+        graphed
+            .execute_sampled(&none, &b, &rows)
+            .expect("sampled graph step");
+        let step = counters.get().since(&before);
+        assert_eq!((step.downloads, step.download_bytes), (1, 5 * 6 * 4));
+    }
+    assert!(counters.get().graph_launches >= 1, "the replay used the graph");
 }
