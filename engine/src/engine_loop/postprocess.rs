@@ -241,7 +241,7 @@ impl LlmEngine {
     }
 
     /// Appends the executor's draw of each row (see
-    /// [`Self::sample_on_device`]): the token, logprob and top logprobs the
+    /// [`Self::device_path`]): the token, logprob and top logprobs the
     /// CPU sampler would give on the same logits.
     fn apply_device_rows(
         &mut self,
