@@ -128,7 +128,7 @@ fn dot_scalar(tile: &Tile, qx: &[i8], dx: &[f32], sx: &[f32], res: &mut [f32; NR
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::tile::Tile;
@@ -136,7 +136,7 @@ mod x86 {
 
     /// Sum of the 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub(in crate::model::quant) unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
@@ -146,7 +146,7 @@ mod x86 {
     /// `u * x` summed over groups of 4 bytes into 8 i32 lanes, AVX2.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot4_avx2<const SIGNED: bool>(w: __m256i, x: __m256i) -> __m256i {
+    pub(in crate::model::quant) unsafe fn dot4_avx2<const SIGNED: bool>(w: __m256i, x: __m256i) -> __m256i {
         let p16 = if SIGNED {
             _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
         } else {
@@ -158,7 +158,7 @@ mod x86 {
     /// `u * x` summed over groups of 4 bytes into 8 i32 lanes, VNNI.
     #[inline]
     #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-    unsafe fn dot4_vnni<const SIGNED: bool>(w: __m256i, x: __m256i) -> __m256i {
+    pub(in crate::model::quant) unsafe fn dot4_vnni<const SIGNED: bool>(w: __m256i, x: __m256i) -> __m256i {
         let z = _mm256_setzero_si256();
         if SIGNED {
             _mm256_dpbusd_epi32(z, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))

@@ -26,6 +26,7 @@
 //! scratch O(NR k) per thread and O(m k) for the quantized activations.
 
 pub mod act;
+pub mod gemv;
 pub mod kernels;
 pub mod tile;
 
@@ -42,6 +43,10 @@ use tile::Tile;
 
 /// Weight rows decoded and multiplied together.
 pub const NR: usize = 4;
+
+/// Up to this many activation rows, the supported types multiply straight
+/// on the file's blocks ([`gemv`]) instead of decoding tiles.
+pub const GEMV_MAX_M: usize = 4;
 
 /// Below this many multiply-adds a single thread is cheaper than a fork.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
@@ -132,14 +137,22 @@ pub fn matmul(
     let dst = SendPtr(out.as_mut_ptr());
     let run = |c0: usize| {
         let c1 = (c0 + per).min(n);
-        let mut tile = Tile::new(w.ty, k);
+        let direct = m <= GEMV_MAX_M && gemv::supported(isa, w.ty);
+        let mut tile = (!direct).then(|| Tile::new(w.ty, k));
         let mut res = [0f32; NR];
         let mut j = c0;
         while j < c1 {
             let nr = NR.min(c1 - j);
-            tile.decode(w, j, nr);
+            if let Some(tile) = &mut tile {
+                tile.decode(w, j, nr);
+            }
             for r in 0..m {
-                kernels::dot_tile(isa, &tile, act, r, &mut res);
+                match &tile {
+                    Some(tile) => kernels::dot_tile(isa, tile, act, r, &mut res),
+                    None => {
+                        gemv::dot_rows(isa, w, j, nr, act, r, &mut res);
+                    }
+                }
                 for (t, v) in res.iter().enumerate().take(nr) {
                     // SAFETY: r < m and j + t < c1 <= n <= ldo, so the index
                     // r * ldo + j + t is below (m - 1) * ldo + n <= out.len()

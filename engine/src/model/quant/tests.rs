@@ -135,3 +135,39 @@ fn fast_legacy_decode_equals_the_generic_decoders() {
         }
     }
 }
+
+#[test]
+fn direct_few_row_path_matches_f64_across_stripes_and_tails() {
+    // n = 130: two thread stripes, each ending in a partial group of rows.
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (n, k) = (130, 576);
+    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+        let w = qmatrix(ty, n, k, &mut rng);
+        for m in 1..=GEMV_MAX_M + 1 {
+            let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let act = QuantizedActs::new(&x, m, k);
+            let want = reference(&act, &w);
+            for isa in Isa::available() {
+                let mut res = [f32::NAN; NR];
+                let direct = gemv::dot_rows(isa, &w, n - 2, 2, &act, m - 1, &mut res);
+                assert_eq!(direct, gemv::supported(isa, ty), "{isa:?}");
+                if direct {
+                    for t in 0..2 {
+                        let e = want[(m - 1) * n + n - 2 + t];
+                        assert!((f64::from(res[t]) - e).abs() <= 1e-3 * (1.0 + e.abs()));
+                    }
+                }
+                let mut out = vec![f32::NAN; m * n];
+                matmul(&act, &w, &mut out, n, false, isa);
+                for (i, (g, e)) in out.iter().zip(&want).enumerate() {
+                    let tol = 1e-4 * (1.0 + e.abs()) * (k as f64).sqrt();
+                    assert!(
+                        (f64::from(*g) - e).abs() <= tol,
+                        "{} {isa:?} m={m} [{i}]: {g} vs {e}",
+                        ty.name()
+                    );
+                }
+            }
+        }
+    }
+}
