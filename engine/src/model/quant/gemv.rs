@@ -56,7 +56,9 @@ pub fn dot_rows(
         let row = j + t.min(nr - 1);
         &w.bytes[row * rb..(row + 1) * rb]
     });
-    let (qx, dx, sx) = act.row(r);
+    let row = act.row(r);
+    let (qx, dx, sx) = (row.q, row.d, row.sums);
+    let lo = row.lo.unwrap_or(&[]);
     #[cfg(target_arch = "x86_64")]
     {
         let vnni = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni;
@@ -66,20 +68,27 @@ pub fn dot_rows(
         // `w.ty`, `qx` k levels, `dx` k / 32 scales, `sx` k / 16 sums
         // (`QuantizedActs::row`, the assert above).
         unsafe {
-            match (w.ty, vnni) {
-                (QuantType::Q4_0, false) => x86::q4_avx2::<false>(&rows, qx, dx, sx, res),
-                (QuantType::Q4_1, false) => x86::q4_avx2::<true>(&rows, qx, dx, sx, res),
-                (QuantType::Q4_0, true) => x86::q4_vnni::<false>(&rows, qx, dx, sx, res),
-                (QuantType::Q4_1, true) => x86::q4_vnni::<true>(&rows, qx, dx, sx, res),
-                (_, false) => x86::q8_avx2(&rows, qx, dx, res),
-                (_, true) => x86::q8_vnni(&rows, qx, dx, res),
+            macro_rules! call {
+                ($q4:ident, $q8:ident, $lo:literal) => {
+                    match w.ty {
+                        QuantType::Q4_0 => x86::$q4::<false, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q4_1 => x86::$q4::<true, $lo>(&rows, qx, lo, dx, sx, res),
+                        _ => x86::$q8::<$lo>(&rows, qx, lo, dx, res),
+                    }
+                };
+            }
+            match (vnni, row.lo.is_some()) {
+                (false, false) => call!(q4_avx2, q8_avx2, false),
+                (false, true) => call!(q4_avx2, q8_avx2, true),
+                (true, false) => call!(q4_vnni, q8_vnni, false),
+                (true, true) => call!(q4_vnni, q8_vnni, true),
             }
         }
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (rows, qx, dx, sx, res);
+        let _ = (rows, qx, lo, dx, sx, res);
         false
     }
 }
@@ -98,11 +107,12 @@ mod x86 {
             /// # Safety
             /// The CPU has the enabled features; every row holds `k / 32`
             /// blocks (18 or 20 bytes), `qx` k levels, `dx` k / 32 scales,
-            /// `sx` k / 16 sums, `k = qx.len()`.
+            /// `sx` k / 16 sums, `k = qx.len()`; with `LO`, `lo` k levels.
             #[target_feature(enable = $features)]
-            pub unsafe fn $name<const MIN: bool>(
+            pub unsafe fn $name<const MIN: bool, const LO: bool>(
                 rows: &[&[u8]; NR],
                 qx: &[i8],
+                lo: &[i8],
                 dx: &[f32],
                 sx: &[f32],
                 res: &mut [f32; NR],
@@ -116,25 +126,37 @@ mod x86 {
                 let mut off = [0f32; NR];
                 let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
                 for c in 0..nb {
-                    // SAFETY: c < nb: the 32 levels at 32 c lie in `qx`,
+                    // SAFETY: c < nb: the 32 levels at 32 c lie in `qx` (and
+                    // with LO in `lo`),
                     // dx[c], sx[2c], sx[2c + 1] in their slices, and the
                     // block at c * bs (bs bytes) in every row (contract).
                     unsafe {
                         let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
+                        let xl = if LO {
+                            _mm256_loadu_si256(lo.as_ptr().add(c * 32).cast())
+                        } else {
+                            x
+                        };
                         let d = *dx.get_unchecked(c);
                         let s = *sx.get_unchecked(2 * c) + *sx.get_unchecked(2 * c + 1);
                         for t in 0..NR {
                             let p = rp[t].add(c * bs);
-                            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                                p.cast::<i32>().read_unaligned(),
-                            ));
+                            let dm =
+                                _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
                             let dw = _mm_cvtss_f32(dm);
                             let qs = _mm_loadu_si128(p.add(bs - 16).cast());
                             let w = _mm256_and_si256(
                                 _mm256_set_m128i(_mm_srli_epi16::<4>(qs), qs),
                                 mask,
                             );
-                            let prod = _mm256_cvtepi32_ps($dot::<false>(w, x));
+                            let mut p = $dot::<false>(w, x);
+                            if LO {
+                                p = _mm256_add_epi32(
+                                    _mm256_slli_epi32::<8>(p),
+                                    $dot::<false>(w, xl),
+                                );
+                            }
+                            let prod = _mm256_cvtepi32_ps(p);
                             acc[t] = _mm256_fmadd_ps(prod, _mm256_set1_ps(dw * d), acc[t]);
                             let o = if MIN {
                                 _mm_cvtss_f32(_mm_movehdup_ps(dm))
@@ -159,9 +181,16 @@ mod x86 {
             ///
             /// # Safety
             /// The CPU has the enabled features; every row holds `k / 32`
-            /// 34-byte blocks, `qx` k levels, `dx` k / 32 scales.
+            /// 34-byte blocks, `qx` (and with `LO` `lo`) k levels, `dx` k / 32
+            /// scales.
             #[target_feature(enable = $features)]
-            pub unsafe fn $name(rows: &[&[u8]; NR], qx: &[i8], dx: &[f32], res: &mut [f32; NR]) {
+            pub unsafe fn $name<const LO: bool>(
+                rows: &[&[u8]; NR],
+                qx: &[i8],
+                lo: &[i8],
+                dx: &[f32],
+                res: &mut [f32; NR],
+            ) {
                 let nb = qx.len() / 32;
                 debug_assert!(rows.iter().all(|r| r.len() >= nb * 34) && dx.len() >= nb);
                 let mut acc = [_mm256_setzero_ps(); NR];
@@ -170,6 +199,11 @@ mod x86 {
                     // SAFETY: as in the 4-bit kernel, with 34-byte blocks.
                     unsafe {
                         let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
+                        let xl = if LO {
+                            _mm256_loadu_si256(lo.as_ptr().add(c * 32).cast())
+                        } else {
+                            x
+                        };
                         let d = *dx.get_unchecked(c);
                         for t in 0..NR {
                             let p = rp[t].add(c * 34);
@@ -177,7 +211,14 @@ mod x86 {
                                 p.cast::<u16>().read_unaligned(),
                             ))));
                             let w = _mm256_loadu_si256(p.add(2).cast());
-                            let prod = _mm256_cvtepi32_ps($dot::<true>(w, x));
+                            let mut p = $dot::<true>(w, x);
+                            if LO {
+                                p = _mm256_add_epi32(
+                                    _mm256_slli_epi32::<8>(p),
+                                    $dot::<true>(w, xl),
+                                );
+                            }
+                            let prod = _mm256_cvtepi32_ps(p);
                             acc[t] = _mm256_fmadd_ps(prod, _mm256_set1_ps(dw * d), acc[t]);
                         }
                     }
