@@ -23,7 +23,7 @@ use std::borrow::Cow;
 
 use super::linear::{Linear, LinearWeight};
 use super::ops::{embed, gelu_tanh_mul, rms_norm, rms_norm_in_place, silu_mul, RopeTables};
-use super::quant::QMatrix;
+use super::quant::{ActPrecision, QMatrix};
 use super::ModelError;
 use crate::executor::{ExecError, ForwardBatch, Logits};
 use model_loader::{Architecture, GemmaNorms, ModelConfig, ModelWeights, Tensor, Weight};
@@ -328,6 +328,20 @@ impl LlamaModel {
             }
         }
         Cow::Owned(m)
+    }
+
+    /// How every quantized layer quantizes its activations (default
+    /// [`ActPrecision::Two8`]; `One8` is llama.cpp's scheme, for comparison).
+    pub fn set_act_precision(&mut self, p: ActPrecision) {
+        self.embedding.act = p;
+        if let Some(h) = &mut self.lm_head {
+            h.act = p;
+        }
+        for l in &mut self.layers {
+            for lin in [&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down] {
+                lin.act = p;
+            }
+        }
     }
 
     /// Bytes held by the weight matrices (quantized ones at their size).

@@ -5,8 +5,10 @@
 //! `vec_dot_q4_1_q8_1` scheme, four weight rows at a time so the four
 //! accumulation chains overlap and each activation block is loaded once.
 //!
-//! Types: `Q4_0`, `Q4_1`, `Q8_0` on AVX2 / AVX-512 VNNI; every other type
-//! and the scalar ISA go through the tile path ([`super::tile`]).
+//! Types: `Q4_0`, `Q4_1`, `Q8_0` here, `Q4_K` and `Q6_K` in
+//! [`super::gemv_k`], on AVX2 / AVX-512 VNNI; every other type (`Q5_K`
+//! among them) and the scalar ISA go through the tile path
+//! ([`super::tile`]).
 //!
 //! Per 32-block `c` of a row with scale `dw` (and min `mw` for `Q4_1`):
 //! `dw * dx[c] * sum(u * q) + off * (sums[2c] + sums[2c + 1])` where `u`
@@ -21,6 +23,8 @@
 use model_loader::QuantType;
 
 use super::act::QuantizedActs;
+#[cfg(target_arch = "x86_64")]
+use super::gemv_k;
 use super::kernels::Isa;
 use super::{QMatrix, NR};
 
@@ -28,7 +32,10 @@ use super::{QMatrix, NR};
 pub fn supported(isa: Isa, ty: QuantType) -> bool {
     isa != Isa::Scalar
         && Isa::best() != Isa::Scalar
-        && matches!(ty, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0)
+        && matches!(
+            ty,
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 | QuantType::Q4K | QuantType::Q6K
+        )
 }
 
 /// `res[t] = dot(w row j + t, activation row r)` for `t < nr` (`nr <= NR`);
@@ -59,6 +66,7 @@ pub fn dot_rows(
     let row = act.row(r);
     let (qx, dx, sx) = (row.q, row.d, row.sums);
     let lo = row.lo.unwrap_or(&[]);
+    let row_lo = row.lo.is_some();
     #[cfg(target_arch = "x86_64")]
     {
         let vnni = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni;
@@ -68,6 +76,27 @@ pub fn dot_rows(
         // `w.ty`, `qx` k levels, `dx` k / 32 scales, `sx` k / 16 sums
         // (`QuantizedActs::row`, the assert above).
         unsafe {
+            macro_rules! call_k {
+                ($f:ident) => {
+                    for (o, row) in res.iter_mut().zip(&rows).take(nr) {
+                        *o = if row_lo {
+                            gemv_k::x86::$f::<true>(row, qx, lo, dx, sx)
+                        } else {
+                            gemv_k::x86::$f::<false>(row, qx, lo, dx, sx)
+                        };
+                    }
+                };
+            }
+            match (w.ty, vnni) {
+                (QuantType::Q4K, false) => call_k!(q4k_avx2),
+                (QuantType::Q4K, true) => call_k!(q4k_vnni),
+                (QuantType::Q6K, false) => call_k!(q6k_avx2),
+                (QuantType::Q6K, true) => call_k!(q6k_vnni),
+                _ => {}
+            }
+            if matches!(w.ty, QuantType::Q4K | QuantType::Q6K) {
+                return true;
+            }
             macro_rules! call {
                 ($q4:ident, $q8:ident, $lo:literal) => {
                     match w.ty {
@@ -77,7 +106,7 @@ pub fn dot_rows(
                     }
                 };
             }
-            match (vnni, row.lo.is_some()) {
+            match (vnni, row_lo) {
                 (false, false) => call!(q4_avx2, q8_avx2, false),
                 (false, true) => call!(q4_avx2, q8_avx2, true),
                 (true, false) => call!(q4_vnni, q8_vnni, false),
@@ -88,7 +117,7 @@ pub fn dot_rows(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (rows, qx, lo, dx, sx, res);
+        let _ = (rows, qx, lo, row_lo, dx, sx, res);
         false
     }
 }

@@ -4,9 +4,14 @@
 //! How a product `out[m, n] = x[m, k] W[n, k]^T` runs (llama.cpp's scheme
 //! with a batched tile):
 //! 1. [`act`]: each activation row is quantized per 32 values to 8 bits
-//!    (`Q8_0`-style: `d = amax / 127`), with the scaled sum of every 16
-//!    (for the weights' offsets). Once per product.
-//! 2. [`tile`]: a tile of [`NR`] weight rows is decoded once into 8-bit
+//!    (`Q8_0`-style: `d = amax / 127`) plus, by default, a second 8-bit
+//!    level for the rounding residual (16-bit precision: one level alone
+//!    flips greedy picks of the golden prompts at margins up to 0.14 nats),
+//!    with the scaled sum of every 16 (for the weights' offsets). Once per
+//!    product.
+//! 2. Up to [`GEMV_MAX_M`] rows (decode), `Q4_0`/`Q4_1`/`Q8_0`/`Q4_K`/`Q6_K` multiply
+//!    straight on the file's blocks ([`gemv`]); otherwise:
+//!    [`tile`]: a tile of [`NR`] weight rows is decoded once into 8-bit
 //!    levels (`model_loader::quant::decode_row`: one decoder per layout)
 //!    plus per-32 scale vectors and per-16 offsets, then reused by every
 //!    activation row of the batch, so large batches stay compute-bound.
@@ -27,6 +32,7 @@
 
 pub mod act;
 pub mod gemv;
+mod gemv_k;
 pub mod kernels;
 pub mod tile;
 
@@ -37,7 +43,7 @@ use model_loader::{QuantTensor, QuantType};
 use rayon::prelude::*;
 
 use crate::model::linear::SendPtr;
-pub use act::QuantizedActs;
+pub use act::{ActPrecision, QuantizedActs};
 pub use kernels::Isa;
 use tile::Tile;
 

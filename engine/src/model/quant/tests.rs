@@ -143,12 +143,24 @@ fn fast_legacy_decode_equals_the_generic_decoders() {
 fn direct_few_row_path_matches_f64_across_stripes_and_tails() {
     // n = 130: two thread stripes, each ending in a partial group of rows.
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let (n, k) = (130, 576);
-    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+    let n = 130;
+    for ty in [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q8_0,
+        QuantType::Q4K,
+        QuantType::Q6K,
+    ] {
+        let k = if ty.block_len() == 256 { 768 } else { 576 };
         let w = qmatrix(ty, n, k, &mut rng);
         for m in 1..=GEMV_MAX_M + 1 {
             let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
-            let act = QuantizedActs::new(&x, m, k);
+            let p = if m % 2 == 0 {
+                ActPrecision::One8
+            } else {
+                ActPrecision::Two8
+            };
+            let act = QuantizedActs::with_precision(&x, m, k, p);
             let want = reference(&act, &w);
             for isa in Isa::available() {
                 let mut res = [f32::NAN; NR];
