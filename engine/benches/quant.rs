@@ -29,6 +29,23 @@ fn rss_bytes() -> usize {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// Returns freed heap pages to the OS (glibc's `malloc_trim`), so resident
+/// memory shows what is live. False where there is no glibc.
+fn trim_heap() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: glibc's malloc_trim takes no pointers and only releases
+        // free memory; it is safe to call at any time from any thread.
+        unsafe { malloc_trim(0) };
+        true
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    false
+}
+
 fn prompt(seq: usize, n: usize) -> Vec<u32> {
     (0..n as u32)
         .map(|i| (i * 7919 + seq as u32 * 104_729) % 49152)
@@ -134,7 +151,12 @@ fn main() {
     let file_size = std::fs::metadata(&path).map_or(0, |m| m.len() as usize);
     let r0 = rss_bytes();
     let q = model_loader::load_model_with(&path, WeightTypes::File).expect("load");
+    let r_loaded = rss_bytes();
     let quant = LlamaModel::new(q.config, q.weights).expect("model");
+    let r_model = rss_bytes();
+    drop(q.tokenizer);
+    let r_no_tok = rss_bytes();
+    let r_trim = trim_heap().then(rss_bytes);
     let r1 = rss_bytes();
     let f = model_loader::load_model(&path).expect("load");
     let float = LlamaModel::new(f.config, f.weights).expect("model");
@@ -151,6 +173,18 @@ fn main() {
         mib(float.matrix_bytes()),
         mib(r1.saturating_sub(r0)),
         mib(r2.saturating_sub(r1)),
+    );
+    println!(
+        "quantized load, resident memory: after the loader {:.1} MiB, after LlamaModel::new \
+         (which returns freed heap to the OS) {:.1} MiB, after dropping the tokenizer {:.1} MiB, \
+         after malloc_trim again {}",
+        mib(r_loaded.saturating_sub(r0)),
+        mib(r_model.saturating_sub(r0)),
+        mib(r_no_tok.saturating_sub(r0)),
+        r_trim.map_or("(not glibc)".into(), |r| format!(
+            "{:.1} MiB",
+            mib(r.saturating_sub(r0))
+        )),
     );
     println!(
         "threads {}, kernels {:?}, {ROUNDS} alternating rounds, medians; quantized activations \

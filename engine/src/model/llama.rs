@@ -266,7 +266,7 @@ impl LlamaModel {
         let rope_local =
             gemma.map(|g| RopeTables::new(hd, g.rope_local_theta, None, c.max_position_embeddings));
         let embed_scale = gemma.map(|_| (h as f32).sqrt());
-        Ok(Self {
+        let model = Self {
             config,
             embedding,
             layers,
@@ -275,7 +275,13 @@ impl LlamaModel {
             rope,
             rope_local,
             embed_scale,
-        })
+        };
+        // The loader's per-tensor copies and the unfused parts freed above
+        // stay in the allocator's free lists (about 58 MiB for SmolLM2
+        // Q4_1: resident memory 163 MiB for 92 MiB of weights); hand them
+        // back to the OS.
+        release_free_heap();
+        Ok(model)
     }
 
     /// The model's hyper-parameters.
@@ -508,6 +514,22 @@ impl LlamaModel {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Returns the heap's free pages to the OS (glibc's `malloc_trim`; a no-op
+/// elsewhere). Cost: one pass over the allocator's free lists.
+fn release_free_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> std::ffi::c_int;
+        }
+        // SAFETY: glibc's malloc_trim takes no pointers and only releases
+        // pages of free chunks (thread-safe: it locks each arena).
+        unsafe {
+            malloc_trim(0);
         }
     }
 }

@@ -54,7 +54,7 @@ pub fn dot_rows(
         return false;
     }
     assert!(
-        nr >= 1 && nr <= NR && j + nr <= w.rows && act.k == w.cols && r < act.m,
+        (1..=NR).contains(&nr) && j + nr <= w.rows && act.k == w.cols && r < act.m,
         "dot_rows: shapes"
     );
     let rb = w.row_bytes();
