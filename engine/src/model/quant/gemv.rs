@@ -5,10 +5,9 @@
 //! `vec_dot_q4_1_q8_1` scheme, four weight rows at a time so the four
 //! accumulation chains overlap and each activation block is loaded once.
 //!
-//! Types: `Q4_0`, `Q4_1`, `Q8_0` here, `Q4_K` and `Q6_K` in
-//! [`super::gemv_k`], on AVX2 / AVX-512 VNNI; every other type (`Q5_K`
-//! among them) and the scalar ISA go through the tile path
-//! ([`super::tile`]).
+//! Types: `Q4_0`, `Q4_1`, `Q8_0` here, `Q4_K`, `Q5_K` and `Q6_K` in
+//! [`super::gemv_k`], on AVX2 / AVX-512 VNNI; every other type and the
+//! scalar ISA go through the tile path ([`super::tile`]).
 //!
 //! Per 32-block `c` of a row with scale `dw` (and min `mw` for `Q4_1`):
 //! `dw * dx[c] * sum(u * q) + off * (sums[2c] + sums[2c + 1])` where `u`
@@ -34,7 +33,12 @@ pub fn supported(isa: Isa, ty: QuantType) -> bool {
         && Isa::best() != Isa::Scalar
         && matches!(
             ty,
-            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 | QuantType::Q4K | QuantType::Q6K
+            QuantType::Q4_0
+                | QuantType::Q4_1
+                | QuantType::Q8_0
+                | QuantType::Q4K
+                | QuantType::Q5K
+                | QuantType::Q6K
         )
 }
 
@@ -77,24 +81,26 @@ pub fn dot_rows(
         // (`QuantizedActs::row`, the assert above).
         unsafe {
             macro_rules! call_k {
-                ($f:ident) => {
+                ($f:ident $(, $q5:literal)?) => {
                     for (o, row) in res.iter_mut().zip(&rows).take(nr) {
                         *o = if row_lo {
-                            gemv_k::x86::$f::<true>(row, qx, lo, dx, sx)
+                            gemv_k::x86::$f::<$($q5,)? true>(row, qx, lo, dx, sx)
                         } else {
-                            gemv_k::x86::$f::<false>(row, qx, lo, dx, sx)
+                            gemv_k::x86::$f::<$($q5,)? false>(row, qx, lo, dx, sx)
                         };
                     }
                 };
             }
             match (w.ty, vnni) {
-                (QuantType::Q4K, false) => call_k!(q4k_avx2),
-                (QuantType::Q4K, true) => call_k!(q4k_vnni),
+                (QuantType::Q4K, false) => call_k!(q4k_avx2, false),
+                (QuantType::Q4K, true) => call_k!(q4k_vnni, false),
+                (QuantType::Q5K, false) => call_k!(q4k_avx2, true),
+                (QuantType::Q5K, true) => call_k!(q4k_vnni, true),
                 (QuantType::Q6K, false) => call_k!(q6k_avx2),
                 (QuantType::Q6K, true) => call_k!(q6k_vnni),
                 _ => {}
             }
-            if matches!(w.ty, QuantType::Q4K | QuantType::Q6K) {
+            if matches!(w.ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q6K) {
                 return true;
             }
             macro_rules! call {

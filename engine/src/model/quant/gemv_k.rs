@@ -1,11 +1,12 @@
 //! [`super::gemv`]'s direct kernels for the K-quant types of a `Q4_K_M`
-//! file: `Q4_K` (8 sub-blocks of 32 with 6-bit scales and mins) and `Q6_K`
+//! file: `Q4_K` (8 sub-blocks of 32 with 6-bit scales and mins; `Q5_K`
+//! the same with a fifth bit from `qh`) and `Q6_K`
 //! (16 sub-blocks of 16 with 8-bit scales, levels offset by 32). One weight
 //! row at a time; the 32-value sub-blocks line up with the activations'
 //! 32-blocks, so each needs one integer dot product and one scale.
 //!
 //! Per 32-block `c` (sub-block `s` of 256-block `b`, `c = 8 b + s`):
-//! - `Q4_K`: `d sc[s] dx[c] dot(q, x) - dmin m[s] (sums[2c] + sums[2c+1])`.
+//! - `Q4_K`/`Q5_K`: `d sc[s] dx[c] dot(q, x) - dmin m[s] (sums[2c] + sums[2c+1])`.
 //! - `Q6_K`: the two 16-halves scaled by `d sc[2s]` and `d sc[2s + 1]` (one
 //!   scale vector, matching the i32 lanes' halves), minus
 //!   `32 d (sc[2s] sums[2c] + sc[2s + 1] sums[2c + 1])` for the offset.
@@ -38,14 +39,15 @@ pub(super) mod x86 {
 
     macro_rules! k_kernels {
         ($q4k:ident, $q6k:ident, $dot:ident, $features:literal) => {
-            /// One `Q4_K` row against one activation row.
+            /// One `Q4_K` row (or, with `Q5`, `Q5_K`) against one
+            /// activation row.
             ///
             /// # Safety
             /// The CPU has the enabled features; `row` holds `k / 256`
-            /// 144-byte blocks, `qx` (and with `LO` `lo`) k levels, `dx`
+            /// 144-byte (`Q5_K`: 176-byte) blocks, `qx` (and with `LO` `lo`) k levels, `dx`
             /// k / 32 scales, `sx` k / 16 sums, `k = qx.len()`.
             #[target_feature(enable = $features)]
-            pub unsafe fn $q4k<const LO: bool>(
+            pub unsafe fn $q4k<const Q5: bool, const LO: bool>(
                 row: &[u8],
                 qx: &[i8],
                 lo: &[i8],
@@ -53,25 +55,38 @@ pub(super) mod x86 {
                 sx: &[f32],
             ) -> f32 {
                 let nb = qx.len() / 256;
-                debug_assert!(row.len() >= nb * 144 && dx.len() >= 8 * nb && sx.len() >= 16 * nb);
-                let mask = _mm256_set1_epi8(0x0f);
+                // Q5_K: d, dmin, scales[12], qh[32], qs[128].
+                let (bs, qs_at) = if Q5 { (176, 48) } else { (144, 16) };
+                debug_assert!(row.len() >= nb * bs && dx.len() >= 8 * nb && sx.len() >= 16 * nb);
+                let (mask, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
                 let mut acc = [_mm256_setzero_ps(); 2];
                 let mut off = 0f32;
-                for (b, blk) in row.chunks_exact(144).take(nb).enumerate() {
+                for (b, blk) in row.chunks_exact(bs).take(nb).enumerate() {
                     let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
                     let scales = &blk[4..16];
                     for j in 0..4 {
                         let c = 8 * b + 2 * j;
-                        // SAFETY: the 32 bytes at 16 + 32 j lie in the
-                        // 144-byte block; c + 1 < 8 nb, so the levels at
-                        // 32 c .. 32 c + 64 lie in `qx` (and `lo`), dx[c + 1]
-                        // and sx[2c + 3] in theirs (contract).
+                        // SAFETY: the 32 bytes at qs_at + 32 j (and, Q5,
+                        // the 32 at 16) lie in the bs-byte block; c + 1 <
+                        // 8 nb, so the levels at 32 c .. 32 c + 64 lie in
+                        // `qx` (and `lo`), dx[c + 1] and sx[2c + 3] in theirs
+                        // (contract).
                         unsafe {
-                            let q = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * j).cast());
-                            let w = [
+                            let q = _mm256_loadu_si256(blk.as_ptr().add(qs_at + 32 * j).cast());
+                            let mut w = [
                                 _mm256_and_si256(q, mask),
                                 _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
                             ];
+                            if Q5 {
+                                // Bit 2j (2j + 1) of qh[l] is bit 4 of
+                                // value l of the first (second) sub-block.
+                                let h = _mm256_loadu_si256(blk.as_ptr().add(16).cast());
+                                for (hh, wh) in w.iter_mut().enumerate() {
+                                    let sh = _mm_cvtsi32_si128((2 * j + hh) as i32);
+                                    let bit = _mm256_and_si256(_mm256_srl_epi16(h, sh), one);
+                                    *wh = _mm256_or_si256(*wh, _mm256_slli_epi16::<4>(bit));
+                                }
+                            }
                             for (h, wh) in w.into_iter().enumerate() {
                                 let ch = c + h;
                                 let x = _mm256_loadu_si256(qx.as_ptr().add(32 * ch).cast());

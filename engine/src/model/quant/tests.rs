@@ -149,6 +149,7 @@ fn direct_few_row_path_matches_f64_across_stripes_and_tails() {
         QuantType::Q4_1,
         QuantType::Q8_0,
         QuantType::Q4K,
+        QuantType::Q5K,
         QuantType::Q6K,
     ] {
         let k = if ty.block_len() == 256 { 768 } else { 576 };
