@@ -5,14 +5,15 @@
 //! `vec_dot_q4_1_q8_1` scheme, four weight rows at a time so the four
 //! accumulation chains overlap and each activation block is loaded once.
 //!
-//! Types: `Q4_0`, `Q4_1`, `Q8_0` here, `Q4_K`, `Q5_K` and `Q6_K` in
+//! Types: `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0` here, `Q4_K`, `Q5_K` and `Q6_K` in
 //! [`super::gemv_k`], on AVX2 / AVX-512 VNNI; every other type and the
 //! scalar ISA go through the tile path ([`super::tile`]).
 //!
 //! Per 32-block `c` of a row with scale `dw` (and min `mw` for `Q4_1`):
 //! `dw * dx[c] * sum(u * q) + off * (sums[2c] + sums[2c + 1])` where `u`
-//! are the stored levels (0..=15 for the 4-bit types) and `off` is `mw`
-//! (`Q4_1`), `-8 dw` (`Q4_0`) or 0 (`Q8_0`, signed levels).
+//! are the stored levels (0..=15 for the 4-bit types, 0..=31 with the
+//! fifth bit from `qh`) and `off` is `mw` (`Q4_1`, `Q5_1`), `-8 dw`
+//! (`Q4_0`), `-16 dw` (`Q5_0`) or 0 (`Q8_0`, signed levels).
 //!
 //! Invariants: `k` is a whole number of 32-blocks (the matrix's type
 //! guarantees it); the activations have the same `k`.
@@ -35,6 +36,8 @@ pub fn supported(isa: Isa, ty: QuantType) -> bool {
             ty,
             QuantType::Q4_0
                 | QuantType::Q4_1
+                | QuantType::Q5_0
+                | QuantType::Q5_1
                 | QuantType::Q8_0
                 | QuantType::Q4K
                 | QuantType::Q5K
@@ -106,8 +109,12 @@ pub fn dot_rows(
             macro_rules! call {
                 ($q4:ident, $q8:ident, $lo:literal) => {
                     match w.ty {
-                        QuantType::Q4_0 => x86::$q4::<false, $lo>(&rows, qx, lo, dx, sx, res),
-                        QuantType::Q4_1 => x86::$q4::<true, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q4_0 => {
+                            x86::$q4::<false, false, $lo>(&rows, qx, lo, dx, sx, res)
+                        }
+                        QuantType::Q4_1 => x86::$q4::<true, false, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q5_0 => x86::$q4::<false, true, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q5_1 => x86::$q4::<true, true, $lo>(&rows, qx, lo, dx, sx, res),
                         _ => x86::$q8::<$lo>(&rows, qx, lo, dx, res),
                     }
                 };
@@ -137,14 +144,15 @@ mod x86 {
 
     macro_rules! q4_kernel {
         ($name:ident, $dot:ident, $features:literal) => {
-            /// `Q4_0` (`MIN = false`) or `Q4_1` (`MIN = true`) rows.
+            /// `Q4_0`, `Q4_1` (`MIN`), `Q5_0` (`FIVE`) or `Q5_1` (both)
+            /// rows.
             ///
             /// # Safety
             /// The CPU has the enabled features; every row holds `k / 32`
-            /// blocks (18 or 20 bytes), `qx` k levels, `dx` k / 32 scales,
+            /// blocks (18, 20, 22 or 24 bytes), `qx` k levels, `dx` k / 32 scales,
             /// `sx` k / 16 sums, `k = qx.len()`; with `LO`, `lo` k levels.
             #[target_feature(enable = $features)]
-            pub unsafe fn $name<const MIN: bool, const LO: bool>(
+            pub unsafe fn $name<const MIN: bool, const FIVE: bool, const LO: bool>(
                 rows: &[&[u8]; NR],
                 qx: &[i8],
                 lo: &[i8],
@@ -152,7 +160,18 @@ mod x86 {
                 sx: &[f32],
                 res: &mut [f32; NR],
             ) {
-                let bs = if MIN { 20 } else { 18 };
+                // d (f16), [m (f16)], [qh (u32)], qs[16].
+                let bs = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
+                // Byte i of the expanded qh: its bit i (llama.cpp's
+                // bytes_from_bits_32).
+                let shuf = _mm256_set_epi64x(
+                    0x0303030303030303,
+                    0x0202020202020202,
+                    0x0101010101010101,
+                    0,
+                );
+                let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+                let (all, b4) = (_mm256_set1_epi64x(-1), _mm256_set1_epi8(0x10));
                 let nb = qx.len() / 32;
                 debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
                 debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb);
@@ -180,10 +199,16 @@ mod x86 {
                                 _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
                             let dw = _mm_cvtss_f32(dm);
                             let qs = _mm_loadu_si128(p.add(bs - 16).cast());
-                            let w = _mm256_and_si256(
+                            let mut w = _mm256_and_si256(
                                 _mm256_set_m128i(_mm_srli_epi16::<4>(qs), qs),
                                 mask,
                             );
+                            if FIVE {
+                                let qh = p.add(bs - 20).cast::<i32>().read_unaligned();
+                                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), shuf);
+                                let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), all);
+                                w = _mm256_or_si256(w, _mm256_and_si256(set, b4));
+                            }
                             let mut p = $dot::<false>(w, x);
                             if LO {
                                 p = _mm256_add_epi32(
@@ -195,6 +220,8 @@ mod x86 {
                             acc[t] = _mm256_fmadd_ps(prod, _mm256_set1_ps(dw * d), acc[t]);
                             let o = if MIN {
                                 _mm_cvtss_f32(_mm_movehdup_ps(dm))
+                            } else if FIVE {
+                                -16.0 * dw
                             } else {
                                 -8.0 * dw
                             };

@@ -9,8 +9,8 @@
 //!    flips greedy picks of the golden prompts at margins up to 0.14 nats),
 //!    with the scaled sum of every 16 (for the weights' offsets). Once per
 //!    product.
-//! 2. Up to [`GEMV_MAX_M`] rows (decode), `Q4_0`/`Q4_1`/`Q8_0`/`Q4_K`/`Q5_K`/`Q6_K`
-//!    multiply
+//! 2. Up to [`GEMV_MAX_M`] rows (decode), every type but `Q2_K`, `Q3_K`
+//!    and `Q8_K` multiplies
 //!    straight on the file's blocks ([`gemv`]); otherwise:
 //!    [`tile`]: a tile of [`NR`] weight rows is decoded once into 8-bit
 //!    levels (`model_loader::quant::decode_row`: one decoder per layout)

@@ -147,6 +147,8 @@ fn direct_few_row_path_matches_f64_across_stripes_and_tails() {
     for ty in [
         QuantType::Q4_0,
         QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
         QuantType::Q8_0,
         QuantType::Q4K,
         QuantType::Q5K,
