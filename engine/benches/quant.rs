@@ -1,16 +1,18 @@
-//! Quantized weights against f32 weights on the default SmolLM2-135M Q4_1
-//! GGUF, side by side in one process: decode tokens/s at batch 1 and 32
+//! Quantized weights (activations at two levels, the default, and at one)
+//! against f32 weights on a GGUF (default: SmolLM2-135M Q4_1), side by side
+//! in one process: decode tokens/s at batch 1 and 32
 //! (context ~128), prompt-processing tokens/s (one 128-token prompt), and
 //! the resident memory each model adds when loaded.
 //!
-//! The two models alternate round by round (A, B, A, B, ...) and the median
+//! The three models alternate round by round (A, B, A, B, ...) and the median
 //! round of each is reported with the ratio, so load from other processes on
 //! a shared machine hits both alike. Needs the fetched model
 //! (`cargo xtask fetch-model`); says so and exits otherwise.
 //!
-//! Run: `cargo bench -p engine --bench quant`
+//! Run: `cargo bench -p engine --bench quant [-- FILE.gguf]`
 
 use engine::executor::{ContiguousLayout, ForwardBatch};
+use engine::model::quant::ActPrecision;
 use engine::model::{KvCache, LlamaModel};
 use model_loader::WeightTypes;
 use std::time::Instant;
@@ -25,6 +27,23 @@ fn rss_bytes() -> usize {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
         .map_or(0, |kb| kb * 1024)
+}
+
+/// Returns freed heap pages to the OS (glibc's `malloc_trim`), so resident
+/// memory shows what is live. False where there is no glibc.
+fn trim_heap() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: glibc's malloc_trim takes no pointers and only releases
+        // free memory; it is safe to call at any time from any thread.
+        unsafe { malloc_trim(0) };
+        true
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    false
 }
 
 fn prompt(seq: usize, n: usize) -> Vec<u32> {
@@ -90,29 +109,38 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn side_by_side(
     name: &str,
-    models: [&LlamaModel; 2],
+    models: &[&LlamaModel],
     make: impl Fn(&LlamaModel) -> Work,
     iters: usize,
 ) {
-    let mut works = models.map(&make);
+    let mut works: Vec<Work> = models.iter().map(|m| make(m)).collect();
     for (m, w) in models.iter().zip(works.iter_mut()) {
         time(m, w, 1); // warm-up
     }
-    let mut rates = [Vec::new(), Vec::new()];
+    let mut rates = vec![Vec::new(); models.len()];
     for _ in 0..ROUNDS {
-        for i in 0..2 {
-            rates[i].push(time(models[i], &mut works[i], iters));
+        for (i, r) in rates.iter_mut().enumerate() {
+            r.push(time(models[i], &mut works[i], iters));
         }
     }
-    let [q, f] = rates.map(median);
+    let r: Vec<f64> = rates.into_iter().map(median).collect();
     println!(
-        "{name:<18} quantized {q:8.1} tok/s   float32 {f:8.1} tok/s   ratio {:.2}x",
-        q / f
+        "{name:<18} two-level {:8.1}  one-level {:8.1}  float32 {:8.1} tok/s   \
+         two-level/float32 {:.2}x  two-level/one-level {:.2}x",
+        r[0],
+        r[1],
+        r[2],
+        r[0] / r[2],
+        r[0] / r[1]
     );
 }
 
 fn main() {
-    let path = model_loader::paths::default_model_path();
+    // `cargo bench -p engine --bench quant -- FILE.gguf` (default: SmolLM2 Q4_1).
+    let path = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with("--"))
+        .map_or_else(model_loader::paths::default_model_path, Into::into);
     if !path.is_file() {
         println!(
             "quant bench: {} is missing (cargo xtask fetch-model)",
@@ -123,15 +151,23 @@ fn main() {
     let file_size = std::fs::metadata(&path).map_or(0, |m| m.len() as usize);
     let r0 = rss_bytes();
     let q = model_loader::load_model_with(&path, WeightTypes::File).expect("load");
+    let r_loaded = rss_bytes();
     let quant = LlamaModel::new(q.config, q.weights).expect("model");
+    let r_model = rss_bytes();
+    drop(q.tokenizer);
+    let r_no_tok = rss_bytes();
+    let r_trim = trim_heap().then(rss_bytes);
     let r1 = rss_bytes();
     let f = model_loader::load_model(&path).expect("load");
     let float = LlamaModel::new(f.config, f.weights).expect("model");
     let r2 = rss_bytes();
+    let mut one = quant.clone();
+    one.set_act_precision(ActPrecision::One8);
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     println!(
-        "file {:.1} MiB; weights held: quantized {:.1} MiB, float32 {:.1} MiB; \
+        "{}: file {:.1} MiB; weights held: quantized {:.1} MiB, float32 {:.1} MiB; \
          resident memory added by loading: quantized {:.1} MiB, float32 {:.1} MiB",
+        path.display(),
         mib(file_size),
         mib(quant.matrix_bytes()),
         mib(float.matrix_bytes()),
@@ -139,12 +175,25 @@ fn main() {
         mib(r2.saturating_sub(r1)),
     );
     println!(
-        "threads {}, kernels {:?}, {ROUNDS} alternating rounds, medians",
+        "quantized load, resident memory: after the loader {:.1} MiB, after LlamaModel::new \
+         (which returns freed heap to the OS) {:.1} MiB, after dropping the tokenizer {:.1} MiB, \
+         after malloc_trim again {}",
+        mib(r_loaded.saturating_sub(r0)),
+        mib(r_model.saturating_sub(r0)),
+        mib(r_no_tok.saturating_sub(r0)),
+        r_trim.map_or("(not glibc)".into(), |r| format!(
+            "{:.1} MiB",
+            mib(r.saturating_sub(r0))
+        )),
+    );
+    println!(
+        "threads {}, kernels {:?}, {ROUNDS} alternating rounds, medians; quantized activations \
+         two-level (default, 8+8 bit) and one-level (llama.cpp's 8 bit)",
         rayon::current_num_threads(),
         engine::model::quant::Isa::best()
     );
-    let models = [&quant, &float];
-    side_by_side("decode batch 1", models, |m| decode_work(m, 1), 20);
-    side_by_side("decode batch 32", models, |m| decode_work(m, 32), 4);
-    side_by_side("prefill 1x128", models, prefill_work, 2);
+    let models = [&quant, &one, &float];
+    side_by_side("decode batch 1", &models, |m| decode_work(m, 1), 20);
+    side_by_side("decode batch 32", &models, |m| decode_work(m, 32), 4);
+    side_by_side("prefill 1x128", &models, prefill_work, 2);
 }

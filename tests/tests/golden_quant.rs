@@ -4,6 +4,11 @@
 //! must be equal on at least 7 of 8 prompts, and where they differ the
 //! first difference must come at a near tie of the float32 path (its
 //! logprob of its own pick minus that of the quantized pick < 0.1 nats).
+//!
+//! With llama.cpp's single 8-bit activation level (`ActPrecision::One8`) only
+//! 4 of 8 were equal (differences at 0.05, 0.08, 0.10 and 0.14 nats): the
+//! rounding error is spread over every layer (making any one layer kind
+//! f32 did not fix it). The default two-level activations pass 8 of 8.
 
 use engine::executor::cpu::CpuExecutor;
 use engine::model::LlamaModel;
@@ -21,8 +26,6 @@ fn decode(types: WeightTypes, prompts: &[Vec<u32>], n: usize) -> (Vec<Decoded>, 
 }
 
 #[test]
-#[ignore = "fails today: 4 of 8 prompts equal; differences at margins 0.05, 0.08, 0.10, 0.14 nats \
-            (8-bit activation rounding); run with --ignored to measure"]
 fn quantized_greedy_ids_match_float32_up_to_near_ties() {
     let golden = load_golden("smollm2_golden.json");
     let prompts: Vec<Vec<u32>> = golden.cases.iter().map(|c| c.prompt_ids.clone()).collect();

@@ -18,7 +18,7 @@
 use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
-use super::quant::{self, Isa, QMatrix, QuantizedActs};
+use super::quant::{self, ActPrecision, Isa, QMatrix, QuantizedActs};
 
 /// Output columns per stripe are rounded to this (a multiple of the kernels' NR).
 const STRIPE_ALIGN: usize = 32;
@@ -60,6 +60,8 @@ pub struct Linear {
     pub bias: Option<Vec<f32>>,
     pub out_features: usize,
     pub in_features: usize,
+    /// How the activations of quantized parts are quantized.
+    pub act: ActPrecision,
 }
 
 impl Linear {
@@ -70,6 +72,7 @@ impl Linear {
             bias: None,
             out_features,
             in_features,
+            act: ActPrecision::Two8,
         }
     }
 
@@ -92,6 +95,7 @@ impl Linear {
             bias,
             out_features,
             in_features,
+            act: ActPrecision::Two8,
         }
     }
 
@@ -124,6 +128,7 @@ impl Linear {
             bias: self.bias.clone(),
             out_features: self.out_features,
             in_features: self.in_features,
+            act: self.act,
         }
     }
 
@@ -141,7 +146,9 @@ impl Linear {
     /// [`Linear::forward`] with the quantized kernels of `isa`.
     pub fn forward_isa(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool, isa: Isa) {
         let (n, k) = (self.out_features, self.in_features);
-        let act = self.is_quantized().then(|| QuantizedActs::new(x, rows, k));
+        let act = self
+            .is_quantized()
+            .then(|| QuantizedActs::with_precision(x, rows, k, self.act));
         let mut c0 = 0;
         for p in &self.parts {
             let start = c0.min(out.len());

@@ -70,7 +70,7 @@ impl Isa {
 /// lacks falls back to the scalar kernel.
 pub fn dot_tile(isa: Isa, tile: &Tile, act: &QuantizedActs, r: usize, res: &mut [f32; NR]) {
     assert_eq!(tile.k, act.k, "dot_tile: k");
-    let (qx, dx, sx) = act.row(r);
+    let row = act.row(r);
     #[cfg(target_arch = "x86_64")]
     {
         let avail = Isa::best();
@@ -78,57 +78,71 @@ pub fn dot_tile(isa: Isa, tile: &Tile, act: &QuantizedActs, r: usize, res: &mut 
         let avx2 = (isa == Isa::Avx2 || vnni) && avail != Isa::Scalar;
         if vnni || avx2 {
             // SAFETY: the CPU has the features the called kernel enables
-            // (checked by `Isa::best`), and `tile`, `qx`, `dx`, `sx` have the
-            // lengths the kernel reads: `k`, `k / 32` and `k / 16` per row,
-            // guaranteed by `Tile::new(k)`, `QuantizedActs::row` and the
-            // assert above.
+            // (checked by `Isa::best`), and `tile` and `row` have the
+            // lengths the kernel reads: `k` levels (twice with a residual),
+            // `k / 32` scales and `k / 16` sums per row, guaranteed by
+            // `Tile::new(k)`, `QuantizedActs::row` and the assert above.
             unsafe {
-                match (vnni, tile.signed) {
-                    (true, false) => x86::dot_vnni::<false>(tile, qx, dx, res),
-                    (true, true) => x86::dot_vnni::<true>(tile, qx, dx, res),
-                    (false, false) => x86::dot_avx2::<false>(tile, qx, dx, res),
-                    (false, true) => x86::dot_avx2::<true>(tile, qx, dx, res),
+                let (qx, dx) = (row.q, row.d);
+                let lo = row.lo.unwrap_or(&[]);
+                macro_rules! call {
+                    ($f:ident) => {
+                        match (tile.signed, row.lo.is_some()) {
+                            (false, false) => x86::$f::<false, false>(tile, qx, lo, dx, res),
+                            (false, true) => x86::$f::<false, true>(tile, qx, lo, dx, res),
+                            (true, false) => x86::$f::<true, false>(tile, qx, lo, dx, res),
+                            (true, true) => x86::$f::<true, true>(tile, qx, lo, dx, res),
+                        }
+                    };
+                }
+                if vnni {
+                    call!(dot_vnni);
+                } else {
+                    call!(dot_avx2);
                 }
                 if tile.has_offset {
-                    x86::add_offsets(tile, sx, res);
+                    x86::add_offsets(tile, row.sums, res);
                 }
             }
             return;
         }
     }
     let _ = isa;
-    dot_scalar(tile, qx, dx, sx, res);
+    dot_scalar(tile, row, res);
+}
+
+/// `dot(u[16], lo or hi levels[16])` in i32.
+fn dot16(u: &[i8], x: &[i8]) -> i32 {
+    u.iter()
+        .zip(x)
+        .map(|(&w, &x)| i32::from(w) * i32::from(x))
+        .sum()
 }
 
 /// The portable kernel.
-fn dot_scalar(tile: &Tile, qx: &[i8], dx: &[f32], sx: &[f32], res: &mut [f32; NR]) {
+fn dot_scalar(tile: &Tile, row: super::act::ActRow<'_>, res: &mut [f32; NR]) {
     for (t, out) in res.iter_mut().enumerate() {
         let (u, a8, bb) = tile.row(t);
         let mut acc = 0f32;
-        for (c, ((uc, xc), &d)) in u
-            .chunks_exact(32)
-            .zip(qx.chunks_exact(32))
-            .zip(dx)
-            .enumerate()
-        {
+        for (c, (uc, &d)) in u.chunks_exact(32).zip(row.d).enumerate() {
             for h in 0..2 {
-                let s: i32 = uc[h * 16..h * 16 + 16]
-                    .iter()
-                    .zip(&xc[h * 16..h * 16 + 16])
-                    .map(|(&w, &x)| i32::from(w) * i32::from(x))
-                    .sum();
+                let (w, at) = (&uc[h * 16..h * 16 + 16], c * 32 + h * 16);
+                let mut s = dot16(w, &row.q[at..at + 16]);
+                if let Some(lo) = row.lo {
+                    s = 256 * s + dot16(w, &lo[at..at + 16]);
+                }
                 acc += s as f32 * (a8[c * 8 + h * 4] * d);
             }
         }
         if tile.has_offset {
-            acc += bb.iter().zip(sx).map(|(b, s)| b * s).sum::<f32>();
+            acc += bb.iter().zip(row.sums).map(|(b, s)| b * s).sum::<f32>();
         }
         *out = acc;
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::tile::Tile;
@@ -136,7 +150,7 @@ mod x86 {
 
     /// Sum of the 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub(in crate::model::quant) unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
@@ -146,7 +160,10 @@ mod x86 {
     /// `u * x` summed over groups of 4 bytes into 8 i32 lanes, AVX2.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot4_avx2<const SIGNED: bool>(w: __m256i, x: __m256i) -> __m256i {
+    pub(in crate::model::quant) unsafe fn dot4_avx2<const SIGNED: bool>(
+        w: __m256i,
+        x: __m256i,
+    ) -> __m256i {
         let p16 = if SIGNED {
             _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
         } else {
@@ -158,7 +175,10 @@ mod x86 {
     /// `u * x` summed over groups of 4 bytes into 8 i32 lanes, VNNI.
     #[inline]
     #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-    unsafe fn dot4_vnni<const SIGNED: bool>(w: __m256i, x: __m256i) -> __m256i {
+    pub(in crate::model::quant) unsafe fn dot4_vnni<const SIGNED: bool>(
+        w: __m256i,
+        x: __m256i,
+    ) -> __m256i {
         let z = _mm256_setzero_si256();
         if SIGNED {
             _mm256_dpbusd_epi32(z, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
@@ -176,29 +196,44 @@ mod x86 {
             /// The CPU must have the enabled features; `qx` holds `k`
             /// levels and `dx` `k / 32` scales, `k == tile.k`.
             #[target_feature(enable = $features)]
-            pub unsafe fn $name<const SIGNED: bool>(
+            pub unsafe fn $name<const SIGNED: bool, const LO: bool>(
                 tile: &Tile,
                 qx: &[i8],
+                lo: &[i8],
                 dx: &[f32],
                 res: &mut [f32; NR],
             ) {
                 let k = tile.k;
                 debug_assert!(qx.len() >= k && dx.len() >= k / 32);
-                let (up, ap, xp) = (tile.u.as_ptr(), tile.a8.as_ptr(), qx.as_ptr());
+                debug_assert!(!LO || lo.len() >= k);
+                let (up, ap, xp, lp) =
+                    (tile.u.as_ptr(), tile.a8.as_ptr(), qx.as_ptr(), lo.as_ptr());
                 let mut acc = [_mm256_setzero_ps(); NR];
                 for c in 0..k / 32 {
                     // SAFETY: c < k / 32, so the 32 bytes at c * 32 of each
                     // row (offset t * k, t < NR) lie inside `u` (NR * k
-                    // bytes) and `qx` (k); the 8 floats at t * k / 4 + c * 8
-                    // inside `a8` (NR * k / 4); `dx[c]` inside `dx` (k / 32).
-                    // The loads are unaligned; the CPU has the features this
-                    // function enables (the caller's contract).
+                    // bytes), `qx` and (with LO) `lo` (k each); the 8 floats
+                    // at t * k / 4 + c * 8 inside `a8` (NR * k / 4); `dx[c]`
+                    // inside `dx` (k / 32). The loads are unaligned; the CPU
+                    // has the features this function enables (the caller's
+                    // contract).
                     unsafe {
                         let x = _mm256_loadu_si256(xp.add(c * 32).cast());
+                        let xl = if LO {
+                            _mm256_loadu_si256(lp.add(c * 32).cast())
+                        } else {
+                            x
+                        };
                         let d = _mm256_set1_ps(*dx.get_unchecked(c));
                         for (t, a) in acc.iter_mut().enumerate() {
                             let w = _mm256_loadu_si256(up.add(t * k + c * 32).cast());
-                            let p = $dot::<SIGNED>(w, x);
+                            let mut p = $dot::<SIGNED>(w, x);
+                            if LO {
+                                p = _mm256_add_epi32(
+                                    _mm256_slli_epi32::<8>(p),
+                                    $dot::<SIGNED>(w, xl),
+                                );
+                            }
                             let s = _mm256_mul_ps(_mm256_loadu_ps(ap.add(t * k / 4 + c * 8)), d);
                             *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, *a);
                         }

@@ -4,9 +4,15 @@
 //! How a product `out[m, n] = x[m, k] W[n, k]^T` runs (llama.cpp's scheme
 //! with a batched tile):
 //! 1. [`act`]: each activation row is quantized per 32 values to 8 bits
-//!    (`Q8_0`-style: `d = amax / 127`), with the scaled sum of every 16
-//!    (for the weights' offsets). Once per product.
-//! 2. [`tile`]: a tile of [`NR`] weight rows is decoded once into 8-bit
+//!    (`Q8_0`-style: `d = amax / 127`) plus, by default, a second 8-bit
+//!    level for the rounding residual (16-bit precision: one level alone
+//!    flips greedy picks of the golden prompts at margins up to 0.14 nats),
+//!    with the scaled sum of every 16 (for the weights' offsets). Once per
+//!    product.
+//! 2. Up to [`GEMV_MAX_M`] rows (decode), every type but `Q2_K`, `Q3_K`
+//!    and `Q8_K` multiplies
+//!    straight on the file's blocks ([`gemv`]); otherwise:
+//!    [`tile`]: a tile of [`NR`] weight rows is decoded once into 8-bit
 //!    levels (`model_loader::quant::decode_row`: one decoder per layout)
 //!    plus per-32 scale vectors and per-16 offsets, then reused by every
 //!    activation row of the batch, so large batches stay compute-bound.
@@ -26,6 +32,8 @@
 //! scratch O(NR k) per thread and O(m k) for the quantized activations.
 
 pub mod act;
+pub mod gemv;
+mod gemv_k;
 pub mod kernels;
 pub mod tile;
 
@@ -36,12 +44,16 @@ use model_loader::{QuantTensor, QuantType};
 use rayon::prelude::*;
 
 use crate::model::linear::SendPtr;
-pub use act::QuantizedActs;
+pub use act::{ActPrecision, QuantizedActs};
 pub use kernels::Isa;
 use tile::Tile;
 
 /// Weight rows decoded and multiplied together.
 pub const NR: usize = 4;
+
+/// Up to this many activation rows, the supported types multiply straight
+/// on the file's blocks ([`gemv`]) instead of decoding tiles.
+pub const GEMV_MAX_M: usize = 4;
 
 /// Below this many multiply-adds a single thread is cheaper than a fork.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
@@ -132,14 +144,22 @@ pub fn matmul(
     let dst = SendPtr(out.as_mut_ptr());
     let run = |c0: usize| {
         let c1 = (c0 + per).min(n);
-        let mut tile = Tile::new(w.ty, k);
+        let direct = m <= GEMV_MAX_M && gemv::supported(isa, w.ty);
+        let mut tile = (!direct).then(|| Tile::new(w.ty, k));
         let mut res = [0f32; NR];
         let mut j = c0;
         while j < c1 {
             let nr = NR.min(c1 - j);
-            tile.decode(w, j, nr);
+            if let Some(tile) = &mut tile {
+                tile.decode(w, j, nr);
+            }
             for r in 0..m {
-                kernels::dot_tile(isa, &tile, act, r, &mut res);
+                match &tile {
+                    Some(tile) => kernels::dot_tile(isa, tile, act, r, &mut res),
+                    None => {
+                        gemv::dot_rows(isa, w, j, nr, act, r, &mut res);
+                    }
+                }
                 for (t, v) in res.iter().enumerate().take(nr) {
                     // SAFETY: r < m and j + t < c1 <= n <= ldo, so the index
                     // r * ldo + j + t is below (m - 1) * ldo + n <= out.len()

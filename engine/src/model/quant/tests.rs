@@ -1,3 +1,4 @@
+use super::act::ActPrecision;
 use super::*;
 use model_loader::quant::quantize;
 use rand::{Rng, SeedableRng};
@@ -25,7 +26,7 @@ fn reference(act: &QuantizedActs, w: &QMatrix) -> Vec<f64> {
         for c in 0..n {
             out[r * n + c] = (0..k)
                 .map(|i| {
-                    let x = f64::from(act.q[r * k + i]) * f64::from(act.d[(r * k + i) / 32]);
+                    let x = act.value(r, i);
                     x * f64::from(wf[c * k + i])
                 })
                 .sum();
@@ -42,18 +43,20 @@ fn every_type_and_kernel_matches_f64_on_odd_shapes() {
         for &(m, n, k) in &[(1, 1, kb), (3, 7, 3 * kb), (5, 13, 2 * kb), (32, 9, kb)] {
             let w = qmatrix(ty, n, k, &mut rng);
             let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
-            let act = QuantizedActs::new(&x, m, k);
-            let want = reference(&act, &w);
-            for isa in Isa::available() {
-                let mut out = vec![f32::NAN; m * n];
-                matmul(&act, &w, &mut out, n, false, isa);
-                for (i, (g, e)) in out.iter().zip(&want).enumerate() {
-                    let tol = 1e-4 * (1.0 + e.abs()) * (k as f64).sqrt();
-                    assert!(
-                        (f64::from(*g) - e).abs() <= tol,
-                        "{} {isa:?} {m}x{n}x{k} [{i}]: {g} vs {e}",
-                        ty.name()
-                    );
+            for p in [ActPrecision::One8, ActPrecision::Two8] {
+                let act = QuantizedActs::with_precision(&x, m, k, p);
+                let want = reference(&act, &w);
+                for isa in Isa::available() {
+                    let mut out = vec![f32::NAN; m * n];
+                    matmul(&act, &w, &mut out, n, false, isa);
+                    for (i, (g, e)) in out.iter().zip(&want).enumerate() {
+                        let tol = 1e-4 * (1.0 + e.abs()) * (k as f64).sqrt();
+                        assert!(
+                            (f64::from(*g) - e).abs() <= tol,
+                            "{} {isa:?} {p:?} {m}x{n}x{k} [{i}]: {g} vs {e}",
+                            ty.name()
+                        );
+                    }
                 }
             }
         }
@@ -134,4 +137,76 @@ fn fast_legacy_decode_equals_the_generic_decoders() {
             }
         }
     }
+}
+
+#[test]
+fn direct_few_row_path_matches_f64_across_stripes_and_tails() {
+    // n = 130: two thread stripes, each ending in a partial group of rows.
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let n = 130;
+    for ty in [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+        QuantType::Q8_0,
+        QuantType::Q4K,
+        QuantType::Q5K,
+        QuantType::Q6K,
+    ] {
+        let k = if ty.block_len() == 256 { 768 } else { 576 };
+        let w = qmatrix(ty, n, k, &mut rng);
+        for m in 1..=GEMV_MAX_M + 1 {
+            let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let p = if m % 2 == 0 {
+                ActPrecision::One8
+            } else {
+                ActPrecision::Two8
+            };
+            let act = QuantizedActs::with_precision(&x, m, k, p);
+            let want = reference(&act, &w);
+            for isa in Isa::available() {
+                let mut res = [f32::NAN; NR];
+                let direct = gemv::dot_rows(isa, &w, n - 2, 2, &act, m - 1, &mut res);
+                assert_eq!(direct, gemv::supported(isa, ty), "{isa:?}");
+                if direct {
+                    for t in 0..2 {
+                        let e = want[(m - 1) * n + n - 2 + t];
+                        assert!((f64::from(res[t]) - e).abs() <= 1e-3 * (1.0 + e.abs()));
+                    }
+                }
+                let mut out = vec![f32::NAN; m * n];
+                matmul(&act, &w, &mut out, n, false, isa);
+                for (i, (g, e)) in out.iter().zip(&want).enumerate() {
+                    let tol = 1e-4 * (1.0 + e.abs()) * (k as f64).sqrt();
+                    assert!(
+                        (f64::from(*g) - e).abs() <= tol,
+                        "{} {isa:?} m={m} [{i}]: {g} vs {e}",
+                        ty.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn two_level_activations_are_two_hundred_times_finer() {
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let (m, k) = (3, 256);
+    // Outliers in some blocks, as in real hidden states.
+    let x: Vec<f32> = (0..m * k)
+        .map(|i| rng.gen_range(-1.0..1.0) * if i % 97 == 0 { 40.0 } else { 1.0 })
+        .collect();
+    let err = |p| {
+        let a = QuantizedActs::with_precision(&x, m, k, p);
+        (0..m * k)
+            .map(|i| (a.value(i / k, i % k) - f64::from(x[i])).abs())
+            .fold(0f64, f64::max)
+    };
+    let (one, two) = (err(ActPrecision::One8), err(ActPrecision::Two8));
+    assert!(
+        one > 0.01 && two < one / 200.0,
+        "one level {one}, two {two}"
+    );
 }

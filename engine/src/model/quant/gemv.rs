@@ -1,0 +1,300 @@
+//! Few-row products straight on the file's blocks (decode at small batch):
+//! no tile is decoded, each weight block is read once from memory, its
+//! nibbles or bytes expanded in registers and multiplied with the quantized
+//! activations, the scales applied per block. This is llama.cpp's
+//! `vec_dot_q4_1_q8_1` scheme, four weight rows at a time so the four
+//! accumulation chains overlap and each activation block is loaded once.
+//!
+//! Types: `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0` here, `Q4_K`, `Q5_K` and `Q6_K` in
+//! [`super::gemv_k`], on AVX2 / AVX-512 VNNI; every other type and the
+//! scalar ISA go through the tile path ([`super::tile`]).
+//!
+//! Per 32-block `c` of a row with scale `dw` (and min `mw` for `Q4_1`):
+//! `dw * dx[c] * sum(u * q) + off * (sums[2c] + sums[2c + 1])` where `u`
+//! are the stored levels (0..=15 for the 4-bit types, 0..=31 with the
+//! fifth bit from `qh`) and `off` is `mw` (`Q4_1`, `Q5_1`), `-8 dw`
+//! (`Q4_0`), `-16 dw` (`Q5_0`) or 0 (`Q8_0`, signed levels).
+//!
+//! Invariants: `k` is a whole number of 32-blocks (the matrix's type
+//! guarantees it); the activations have the same `k`.
+//! Cost: one pass over the rows' bytes; O(k) work per row and activation
+//! row, no allocation.
+
+use model_loader::QuantType;
+
+use super::act::QuantizedActs;
+#[cfg(target_arch = "x86_64")]
+use super::gemv_k;
+use super::kernels::Isa;
+use super::{QMatrix, NR};
+
+/// True when [`dot_rows`] has a kernel for `ty` on `isa`.
+pub fn supported(isa: Isa, ty: QuantType) -> bool {
+    isa != Isa::Scalar
+        && Isa::best() != Isa::Scalar
+        && matches!(
+            ty,
+            QuantType::Q4_0
+                | QuantType::Q4_1
+                | QuantType::Q5_0
+                | QuantType::Q5_1
+                | QuantType::Q8_0
+                | QuantType::Q4K
+                | QuantType::Q5K
+                | QuantType::Q6K
+        )
+}
+
+/// `res[t] = dot(w row j + t, activation row r)` for `t < nr` (`nr <= NR`);
+/// the other entries are unspecified. Returns false (and computes nothing)
+/// when [`supported`] is false.
+pub fn dot_rows(
+    isa: Isa,
+    w: &QMatrix,
+    j: usize,
+    nr: usize,
+    act: &QuantizedActs,
+    r: usize,
+    res: &mut [f32; NR],
+) -> bool {
+    if !supported(isa, w.ty) {
+        return false;
+    }
+    assert!(
+        (1..=NR).contains(&nr) && j + nr <= w.rows && act.k == w.cols && r < act.m,
+        "dot_rows: shapes"
+    );
+    let rb = w.row_bytes();
+    // Rows past `nr` repeat the last valid one (results discarded).
+    let rows: [&[u8]; NR] = std::array::from_fn(|t| {
+        let row = j + t.min(nr - 1);
+        &w.bytes[row * rb..(row + 1) * rb]
+    });
+    let row = act.row(r);
+    let (qx, dx, sx) = (row.q, row.d, row.sums);
+    let lo = row.lo.unwrap_or(&[]);
+    let row_lo = row.lo.is_some();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let vnni = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni;
+        // SAFETY: `supported` checked that the CPU has AVX2 + FMA (+F16C,
+        // which every AVX2 CPU has; `Isa::best` checked AVX2/FMA), and VNNI
+        // only when `vnni`. Each row slice holds `k / 32` whole blocks of
+        // `w.ty`, `qx` k levels, `dx` k / 32 scales, `sx` k / 16 sums
+        // (`QuantizedActs::row`, the assert above).
+        unsafe {
+            macro_rules! call_k {
+                ($f:ident $(, $q5:literal)?) => {
+                    for (o, row) in res.iter_mut().zip(&rows).take(nr) {
+                        *o = if row_lo {
+                            gemv_k::x86::$f::<$($q5,)? true>(row, qx, lo, dx, sx)
+                        } else {
+                            gemv_k::x86::$f::<$($q5,)? false>(row, qx, lo, dx, sx)
+                        };
+                    }
+                };
+            }
+            match (w.ty, vnni) {
+                (QuantType::Q4K, false) => call_k!(q4k_avx2, false),
+                (QuantType::Q4K, true) => call_k!(q4k_vnni, false),
+                (QuantType::Q5K, false) => call_k!(q4k_avx2, true),
+                (QuantType::Q5K, true) => call_k!(q4k_vnni, true),
+                (QuantType::Q6K, false) => call_k!(q6k_avx2),
+                (QuantType::Q6K, true) => call_k!(q6k_vnni),
+                _ => {}
+            }
+            if matches!(w.ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q6K) {
+                return true;
+            }
+            macro_rules! call {
+                ($q4:ident, $q8:ident, $lo:literal) => {
+                    match w.ty {
+                        QuantType::Q4_0 => {
+                            x86::$q4::<false, false, $lo>(&rows, qx, lo, dx, sx, res)
+                        }
+                        QuantType::Q4_1 => x86::$q4::<true, false, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q5_0 => x86::$q4::<false, true, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q5_1 => x86::$q4::<true, true, $lo>(&rows, qx, lo, dx, sx, res),
+                        _ => x86::$q8::<$lo>(&rows, qx, lo, dx, res),
+                    }
+                };
+            }
+            match (vnni, row_lo) {
+                (false, false) => call!(q4_avx2, q8_avx2, false),
+                (false, true) => call!(q4_avx2, q8_avx2, true),
+                (true, false) => call!(q4_vnni, q8_vnni, false),
+                (true, true) => call!(q4_vnni, q8_vnni, true),
+            }
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (rows, qx, lo, row_lo, dx, sx, res);
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::kernels::x86::{dot4_avx2, dot4_vnni, hsum};
+    use super::NR;
+
+    macro_rules! q4_kernel {
+        ($name:ident, $dot:ident, $features:literal) => {
+            /// `Q4_0`, `Q4_1` (`MIN`), `Q5_0` (`FIVE`) or `Q5_1` (both)
+            /// rows.
+            ///
+            /// # Safety
+            /// The CPU has the enabled features; every row holds `k / 32`
+            /// blocks (18, 20, 22 or 24 bytes), `qx` k levels, `dx` k / 32 scales,
+            /// `sx` k / 16 sums, `k = qx.len()`; with `LO`, `lo` k levels.
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<const MIN: bool, const FIVE: bool, const LO: bool>(
+                rows: &[&[u8]; NR],
+                qx: &[i8],
+                lo: &[i8],
+                dx: &[f32],
+                sx: &[f32],
+                res: &mut [f32; NR],
+            ) {
+                // d (f16), [m (f16)], [qh (u32)], qs[16].
+                let bs = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
+                // Byte i of the expanded qh: its bit i (llama.cpp's
+                // bytes_from_bits_32).
+                let shuf = _mm256_set_epi64x(
+                    0x0303030303030303,
+                    0x0202020202020202,
+                    0x0101010101010101,
+                    0,
+                );
+                let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+                let (all, b4) = (_mm256_set1_epi64x(-1), _mm256_set1_epi8(0x10));
+                let nb = qx.len() / 32;
+                debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
+                debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb);
+                let mask = _mm256_set1_epi8(0x0f);
+                let mut acc = [_mm256_setzero_ps(); NR];
+                let mut off = [0f32; NR];
+                let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
+                for c in 0..nb {
+                    // SAFETY: c < nb: the 32 levels at 32 c lie in `qx` (and
+                    // with LO in `lo`),
+                    // dx[c], sx[2c], sx[2c + 1] in their slices, and the
+                    // block at c * bs (bs bytes) in every row (contract).
+                    unsafe {
+                        let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
+                        let xl = if LO {
+                            _mm256_loadu_si256(lo.as_ptr().add(c * 32).cast())
+                        } else {
+                            x
+                        };
+                        let d = *dx.get_unchecked(c);
+                        let s = *sx.get_unchecked(2 * c) + *sx.get_unchecked(2 * c + 1);
+                        for t in 0..NR {
+                            let p = rp[t].add(c * bs);
+                            let dm =
+                                _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+                            let dw = _mm_cvtss_f32(dm);
+                            let qs = _mm_loadu_si128(p.add(bs - 16).cast());
+                            let mut w = _mm256_and_si256(
+                                _mm256_set_m128i(_mm_srli_epi16::<4>(qs), qs),
+                                mask,
+                            );
+                            if FIVE {
+                                let qh = p.add(bs - 20).cast::<i32>().read_unaligned();
+                                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), shuf);
+                                let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), all);
+                                w = _mm256_or_si256(w, _mm256_and_si256(set, b4));
+                            }
+                            let mut p = $dot::<false>(w, x);
+                            if LO {
+                                p = _mm256_add_epi32(
+                                    _mm256_slli_epi32::<8>(p),
+                                    $dot::<false>(w, xl),
+                                );
+                            }
+                            let prod = _mm256_cvtepi32_ps(p);
+                            acc[t] = _mm256_fmadd_ps(prod, _mm256_set1_ps(dw * d), acc[t]);
+                            let o = if MIN {
+                                _mm_cvtss_f32(_mm_movehdup_ps(dm))
+                            } else if FIVE {
+                                -16.0 * dw
+                            } else {
+                                -8.0 * dw
+                            };
+                            off[t] += o * s;
+                        }
+                    }
+                }
+                for t in 0..NR {
+                    // SAFETY: the CPU has AVX2 (contract).
+                    res[t] = unsafe { hsum(acc[t]) } + off[t];
+                }
+            }
+        };
+    }
+
+    macro_rules! q8_kernel {
+        ($name:ident, $dot:ident, $features:literal) => {
+            /// `Q8_0` rows (signed levels, no offset).
+            ///
+            /// # Safety
+            /// The CPU has the enabled features; every row holds `k / 32`
+            /// 34-byte blocks, `qx` (and with `LO` `lo`) k levels, `dx` k / 32
+            /// scales.
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<const LO: bool>(
+                rows: &[&[u8]; NR],
+                qx: &[i8],
+                lo: &[i8],
+                dx: &[f32],
+                res: &mut [f32; NR],
+            ) {
+                let nb = qx.len() / 32;
+                debug_assert!(rows.iter().all(|r| r.len() >= nb * 34) && dx.len() >= nb);
+                let mut acc = [_mm256_setzero_ps(); NR];
+                let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
+                for c in 0..nb {
+                    // SAFETY: as in the 4-bit kernel, with 34-byte blocks.
+                    unsafe {
+                        let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
+                        let xl = if LO {
+                            _mm256_loadu_si256(lo.as_ptr().add(c * 32).cast())
+                        } else {
+                            x
+                        };
+                        let d = *dx.get_unchecked(c);
+                        for t in 0..NR {
+                            let p = rp[t].add(c * 34);
+                            let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
+                                p.cast::<u16>().read_unaligned(),
+                            ))));
+                            let w = _mm256_loadu_si256(p.add(2).cast());
+                            let mut p = $dot::<true>(w, x);
+                            if LO {
+                                p = _mm256_add_epi32(
+                                    _mm256_slli_epi32::<8>(p),
+                                    $dot::<true>(w, xl),
+                                );
+                            }
+                            let prod = _mm256_cvtepi32_ps(p);
+                            acc[t] = _mm256_fmadd_ps(prod, _mm256_set1_ps(dw * d), acc[t]);
+                        }
+                    }
+                }
+                for t in 0..NR {
+                    // SAFETY: the CPU has AVX2 (contract).
+                    res[t] = unsafe { hsum(acc[t]) };
+                }
+            }
+        };
+    }
+
+    q4_kernel!(q4_avx2, dot4_avx2, "avx2,fma,f16c");
+    q4_kernel!(q4_vnni, dot4_vnni, "avx2,fma,f16c,avx512vnni,avx512vl");
+    q8_kernel!(q8_avx2, dot4_avx2, "avx2,fma,f16c");
+    q8_kernel!(q8_vnni, dot4_vnni, "avx2,fma,f16c,avx512vnni,avx512vl");
+}

@@ -1,0 +1,205 @@
+//! [`super::gemv`]'s direct kernels for the K-quant types of a `Q4_K_M`
+//! file: `Q4_K` (8 sub-blocks of 32 with 6-bit scales and mins; `Q5_K`
+//! the same with a fifth bit from `qh`) and `Q6_K`
+//! (16 sub-blocks of 16 with 8-bit scales, levels offset by 32). One weight
+//! row at a time; the 32-value sub-blocks line up with the activations'
+//! 32-blocks, so each needs one integer dot product and one scale.
+//!
+//! Per 32-block `c` (sub-block `s` of 256-block `b`, `c = 8 b + s`):
+//! - `Q4_K`/`Q5_K`: `d sc[s] dx[c] dot(q, x) - dmin m[s] (sums[2c] + sums[2c+1])`.
+//! - `Q6_K`: the two 16-halves scaled by `d sc[2s]` and `d sc[2s + 1]` (one
+//!   scale vector, matching the i32 lanes' halves), minus
+//!   `32 d (sc[2s] sums[2c] + sc[2s + 1] sums[2c + 1])` for the offset.
+//!
+//! Invariants: `k` is a multiple of 256; levels fed to `vpmaddubsw` lie in
+//! 0..=63. Cost: one pass over the row's bytes, O(k) per activation row.
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::kernels::x86::{dot4_avx2, dot4_vnni, hsum};
+
+    /// `Q4_K`'s 6-bit scale and min of sub-block `j` (llama.cpp's
+    /// `get_scale_min_k4`).
+    fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+        if j < 4 {
+            (s[j] & 63, s[j + 4] & 63)
+        } else {
+            (
+                (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4),
+                (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+            )
+        }
+    }
+
+    fn f16_at(b: &[u8], i: usize) -> f32 {
+        half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    }
+
+    macro_rules! k_kernels {
+        ($q4k:ident, $q6k:ident, $dot:ident, $features:literal) => {
+            /// One `Q4_K` row (or, with `Q5`, `Q5_K`) against one
+            /// activation row.
+            ///
+            /// # Safety
+            /// The CPU has the enabled features; `row` holds `k / 256`
+            /// 144-byte (`Q5_K`: 176-byte) blocks, `qx` (and with `LO` `lo`) k levels, `dx`
+            /// k / 32 scales, `sx` k / 16 sums, `k = qx.len()`.
+            #[target_feature(enable = $features)]
+            pub unsafe fn $q4k<const Q5: bool, const LO: bool>(
+                row: &[u8],
+                qx: &[i8],
+                lo: &[i8],
+                dx: &[f32],
+                sx: &[f32],
+            ) -> f32 {
+                let nb = qx.len() / 256;
+                // Q5_K: d, dmin, scales[12], qh[32], qs[128].
+                let (bs, qs_at) = if Q5 { (176, 48) } else { (144, 16) };
+                debug_assert!(row.len() >= nb * bs && dx.len() >= 8 * nb && sx.len() >= 16 * nb);
+                let (mask, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
+                let mut acc = [_mm256_setzero_ps(); 2];
+                let mut off = 0f32;
+                for (b, blk) in row.chunks_exact(bs).take(nb).enumerate() {
+                    let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+                    let scales = &blk[4..16];
+                    for j in 0..4 {
+                        let c = 8 * b + 2 * j;
+                        // SAFETY: the 32 bytes at qs_at + 32 j (and, Q5,
+                        // the 32 at 16) lie in the bs-byte block; c + 1 <
+                        // 8 nb, so the levels at 32 c .. 32 c + 64 lie in
+                        // `qx` (and `lo`), dx[c + 1] and sx[2c + 3] in theirs
+                        // (contract).
+                        unsafe {
+                            let q = _mm256_loadu_si256(blk.as_ptr().add(qs_at + 32 * j).cast());
+                            let mut w = [
+                                _mm256_and_si256(q, mask),
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
+                            ];
+                            if Q5 {
+                                // Bit 2j (2j + 1) of qh[l] is bit 4 of
+                                // value l of the first (second) sub-block.
+                                let h = _mm256_loadu_si256(blk.as_ptr().add(16).cast());
+                                for (hh, wh) in w.iter_mut().enumerate() {
+                                    let sh = _mm_cvtsi32_si128((2 * j + hh) as i32);
+                                    let bit = _mm256_and_si256(_mm256_srl_epi16(h, sh), one);
+                                    *wh = _mm256_or_si256(*wh, _mm256_slli_epi16::<4>(bit));
+                                }
+                            }
+                            for (h, wh) in w.into_iter().enumerate() {
+                                let ch = c + h;
+                                let x = _mm256_loadu_si256(qx.as_ptr().add(32 * ch).cast());
+                                let mut p = $dot::<false>(wh, x);
+                                if LO {
+                                    let xl = _mm256_loadu_si256(lo.as_ptr().add(32 * ch).cast());
+                                    p = _mm256_add_epi32(
+                                        _mm256_slli_epi32::<8>(p),
+                                        $dot::<false>(wh, xl),
+                                    );
+                                }
+                                let (sc, m) = scale_min(2 * j + h, scales);
+                                let s = d * f32::from(sc) * *dx.get_unchecked(ch);
+                                acc[h] = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(p),
+                                    _mm256_set1_ps(s),
+                                    acc[h],
+                                );
+                                off -= dmin
+                                    * f32::from(m)
+                                    * (*sx.get_unchecked(2 * ch) + *sx.get_unchecked(2 * ch + 1));
+                            }
+                        }
+                    }
+                }
+                // SAFETY: the CPU has AVX2 (contract).
+                unsafe { hsum(_mm256_add_ps(acc[0], acc[1])) + off }
+            }
+
+            /// One `Q6_K` row against one activation row.
+            ///
+            /// # Safety
+            /// As for the `Q4_K` kernel, with 210-byte blocks.
+            #[target_feature(enable = $features)]
+            pub unsafe fn $q6k<const LO: bool>(
+                row: &[u8],
+                qx: &[i8],
+                lo: &[i8],
+                dx: &[f32],
+                sx: &[f32],
+            ) -> f32 {
+                let nb = qx.len() / 256;
+                debug_assert!(row.len() >= nb * 210 && dx.len() >= 8 * nb && sx.len() >= 16 * nb);
+                let (m4, m3) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+                let mut acc = [_mm256_setzero_ps(); 2];
+                let mut off = 0f32;
+                for (b, blk) in row.chunks_exact(210).take(nb).enumerate() {
+                    let d = f16_at(blk, 208);
+                    for n in 0..2 {
+                        // SAFETY: ql (64 bytes at 64 n), qh (32 at 128 +
+                        // 32 n) and the 8 scales at 192 + 8 n lie in the
+                        // 210-byte block; the 32-blocks c .. c + 4 < 8 nb
+                        // index `qx`, `lo`, `dx`, `sx` in range (contract).
+                        unsafe {
+                            let p = blk.as_ptr();
+                            let a = _mm256_loadu_si256(p.add(64 * n).cast());
+                            let bq = _mm256_loadu_si256(p.add(64 * n + 32).cast());
+                            let h = _mm256_loadu_si256(p.add(128 + 32 * n).cast());
+                            let hi = |s: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(s, m3));
+                            let w = [
+                                _mm256_or_si256(_mm256_and_si256(a, m4), hi(h)),
+                                _mm256_or_si256(
+                                    _mm256_and_si256(bq, m4),
+                                    hi(_mm256_srli_epi16::<2>(h)),
+                                ),
+                                _mm256_or_si256(
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(a), m4),
+                                    hi(_mm256_srli_epi16::<4>(h)),
+                                ),
+                                _mm256_or_si256(
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(bq), m4),
+                                    hi(_mm256_srli_epi16::<6>(h)),
+                                ),
+                            ];
+                            let sc = &blk[192 + 8 * n..200 + 8 * n];
+                            for (i, wi) in w.into_iter().enumerate() {
+                                let c = 8 * b + 4 * n + i;
+                                let x = _mm256_loadu_si256(qx.as_ptr().add(32 * c).cast());
+                                let mut pr = $dot::<false>(wi, x);
+                                if LO {
+                                    let xl = _mm256_loadu_si256(lo.as_ptr().add(32 * c).cast());
+                                    pr = _mm256_add_epi32(
+                                        _mm256_slli_epi32::<8>(pr),
+                                        $dot::<false>(wi, xl),
+                                    );
+                                }
+                                let (s0, s1) = (
+                                    d * f32::from(sc[2 * i] as i8),
+                                    d * f32::from(sc[2 * i + 1] as i8),
+                                );
+                                let dc = *dx.get_unchecked(c);
+                                let sv =
+                                    _mm256_set_m128(_mm_set1_ps(s1 * dc), _mm_set1_ps(s0 * dc));
+                                acc[i & 1] =
+                                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(pr), sv, acc[i & 1]);
+                                off -= 32.0
+                                    * (s0 * *sx.get_unchecked(2 * c)
+                                        + s1 * *sx.get_unchecked(2 * c + 1));
+                            }
+                        }
+                    }
+                }
+                // SAFETY: the CPU has AVX2 (contract).
+                unsafe { hsum(_mm256_add_ps(acc[0], acc[1])) + off }
+            }
+        };
+    }
+
+    k_kernels!(q4k_avx2, q6k_avx2, dot4_avx2, "avx2,fma,f16c");
+    k_kernels!(
+        q4k_vnni,
+        q6k_vnni,
+        dot4_vnni,
+        "avx2,fma,f16c,avx512vnni,avx512vl"
+    );
+}
