@@ -41,11 +41,11 @@
 //! host work of N+1's schedule and of N's postprocess overlaps the executor.
 
 use super::postprocess::{needs_fork, run_on_device, DevicePath};
-use crate::sampler::SampleOut;
 use super::{mask_work, place_masks, push_refused, LlmEngine, Outputs, RequestOutput};
 use crate::error::EngineError;
 use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch, Logits};
 use crate::grammar::Mask;
+use crate::sampler::SampleOut;
 use crate::scheduler::{RequestId, SampleTarget, SchedulerOutput, SeqStatus, SequenceGroup};
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};

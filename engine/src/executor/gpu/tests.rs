@@ -736,5 +736,8 @@ fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
         let step = counters.get().since(&before);
         assert_eq!((step.downloads, step.download_bytes), (1, 5 * 6 * 4));
     }
-    assert!(counters.get().graph_launches >= 1, "the replay used the graph");
+    assert!(
+        counters.get().graph_launches >= 1,
+        "the replay used the graph"
+    );
 }
