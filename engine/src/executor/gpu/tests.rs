@@ -526,38 +526,8 @@ fn greedy_rows_on_the_device_equal_the_cpu_sampler() {
 
 #[test]
 fn a_greedy_step_downloads_twelve_bytes_per_row_not_the_vocabulary() {
-    use super::CountingDevice;
     let c = config(64);
-    let model = LlamaModel::new(c.clone(), random_weights(&c, 3)).expect("model");
-    let opts = GpuOptions {
-        dtype: DType::Bf16,
-        block_size: BS,
-        kv: KvSizing::Blocks {
-            gpu: BLOCKS,
-            cpu: 0,
-        },
-    };
-    // Eager, so that the launch and upload counts below compare like with
-    // like; the graph path is checked at the end.
-    let dev = CountingDevice::new(1 << 30);
-    let counters = dev.counters();
-    let mut gpu = GpuExecutor::new(dev, &model, opts)
-        .expect("gpu executor")
-        .with_cuda_graphs(8, true);
-    let parts: Vec<(Vec<u32>, Vec<BlockId>)> = (0..5)
-        .map(|s| (vec![(s * 7) as u32 + 1], table(2, s as u32)))
-        .collect();
-    let b = batch(
-        &parts
-            .iter()
-            .map(|(ids, t)| Part {
-                ids,
-                past: 4,
-                table: t,
-                want: &[0],
-            })
-            .collect::<Vec<_>>(),
-    );
+    let (mut gpu, counters, b) = counting_five_decode_rows(&c, false);
     let none = BlockOps::default();
     let before = counters.get();
     gpu.execute_greedy(&none, &b).expect("greedy step");
@@ -662,40 +632,12 @@ fn sampled_rows_on_the_device_equal_the_cpu_sampler() {
 
 #[test]
 fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
-    use super::CountingDevice;
     use crate::sampler::device::DeviceRow;
     use crate::sampler::SamplingParams;
     let c = config(64);
-    let model = LlamaModel::new(c.clone(), random_weights(&c, 3)).expect("model");
-    let opts = GpuOptions {
-        dtype: DType::Bf16,
-        block_size: BS,
-        kv: KvSizing::Blocks {
-            gpu: BLOCKS,
-            cpu: 0,
-        },
-    };
     // Eager, so that the launch and upload counts below compare like with
     // like; the graph path is checked at the end.
-    let dev = CountingDevice::new(1 << 30);
-    let counters = dev.counters();
-    let mut gpu = GpuExecutor::new(dev, &model, opts)
-        .expect("gpu executor")
-        .with_cuda_graphs(8, true);
-    let parts: Vec<(Vec<u32>, Vec<BlockId>)> = (0..5)
-        .map(|s| (vec![(s * 7) as u32 + 1], table(2, s as u32)))
-        .collect();
-    let b = batch(
-        &parts
-            .iter()
-            .map(|(ids, t)| Part {
-                ids,
-                past: 4,
-                table: t,
-                want: &[0],
-            })
-            .collect::<Vec<_>>(),
-    );
+    let (mut gpu, counters, b) = counting_five_decode_rows(&c, true);
     let p = SamplingParams {
         temperature: 0.8,
         top_p: 0.95,
@@ -723,11 +665,7 @@ fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
     assert_eq!(sampled.upload_bytes, full.upload_bytes + 5 * 8 * 4);
     // Through a CUDA graph (decode step padded to bucket 8) the step still
     // downloads only the 5 real rows' draws, captured or replayed.
-    let dev = CountingDevice::new(1 << 30);
-    let counters = dev.counters();
-    let mut graphed = GpuExecutor::new(dev, &model, opts)
-        .expect("gpu executor")
-        .with_cuda_graphs(8, false);
+    let (mut graphed, counters, _) = counting_five_decode_rows(&c, false);
     for _ in 0..2 {
         let before = counters.get();
         graphed
@@ -740,4 +678,46 @@ fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
         counters.get().graph_launches >= 1,
         "the replay used the graph"
     );
+}
+
+/// A bf16 GPU executor on a [`super::CountingDevice`] (CUDA graphs unless
+/// `eager`), its counters, and a batch of five sequences decoding one token
+/// each at position 4.
+fn counting_five_decode_rows(
+    c: &ModelConfig,
+    eager: bool,
+) -> (
+    GpuExecutor<super::CountingDevice>,
+    super::CountersHandle,
+    ForwardBatch,
+) {
+    let model = LlamaModel::new(c.clone(), random_weights(c, 3)).expect("model");
+    let opts = GpuOptions {
+        dtype: DType::Bf16,
+        block_size: BS,
+        kv: KvSizing::Blocks {
+            gpu: BLOCKS,
+            cpu: 0,
+        },
+    };
+    let dev = super::CountingDevice::new(1 << 30);
+    let counters = dev.counters();
+    let gpu = GpuExecutor::new(dev, &model, opts)
+        .expect("gpu executor")
+        .with_cuda_graphs(8, eager);
+    let parts: Vec<(Vec<u32>, Vec<BlockId>)> = (0..5)
+        .map(|s| (vec![(s * 7) as u32 + 1], table(2, s as u32)))
+        .collect();
+    let b = batch(
+        &parts
+            .iter()
+            .map(|(ids, t)| Part {
+                ids,
+                past: 4,
+                table: t,
+                want: &[0],
+            })
+            .collect::<Vec<_>>(),
+    );
+    (gpu, counters, b)
 }
