@@ -486,23 +486,7 @@ fn utilization_sizing_follows_vllms_formula() {
 fn greedy_rows_on_the_device_equal_the_cpu_sampler() {
     use crate::sampler::Sampler;
     let (mut cpu, mut gpu) = pair(64, DType::F32);
-    let v = config(64).vocab_size;
-    let (ta, tb) = (table(8, 1), table(8, 2));
-    let (a, b) = (ids(9, 1, v), ids(13, 2, v));
-    let b = batch(&[
-        Part {
-            ids: &a,
-            past: 0,
-            table: &ta,
-            want: &[0, 4, 8],
-        },
-        Part {
-            ids: &b,
-            past: 0,
-            table: &tb,
-            want: &[12],
-        },
-    ]);
+    let b = two_prompts_four_rows(config(64).vocab_size);
     let none = BlockOps::default();
     let logits = cpu.execute(&none, &b).expect("cpu step");
     let rows = gpu
@@ -554,23 +538,7 @@ fn sampled_rows_on_the_device_equal_the_cpu_sampler() {
     use crate::sampler::device::DeviceRow;
     use crate::sampler::{sample_row, SamplingParams, SeqContext};
     let (mut cpu, mut gpu) = pair(64, DType::F32);
-    let v = config(64).vocab_size;
-    let (ta, tb) = (table(8, 1), table(8, 2));
-    let (a, b) = (ids(9, 1, v), ids(13, 2, v));
-    let b = batch(&[
-        Part {
-            ids: &a,
-            past: 0,
-            table: &ta,
-            want: &[0, 4, 8],
-        },
-        Part {
-            ids: &b,
-            past: 0,
-            table: &tb,
-            want: &[12],
-        },
-    ]);
+    let b = two_prompts_four_rows(config(64).vocab_size);
     let params = [
         SamplingParams {
             logprobs: Some(3),
@@ -720,4 +688,25 @@ fn counting_five_decode_rows(
             .collect::<Vec<_>>(),
     );
     (gpu, counters, b)
+}
+
+/// Two prompts (9 and 13 tokens) with four logits rows: positions 0, 4 and
+/// 8 of the first, the last of the second.
+fn two_prompts_four_rows(vocab: usize) -> ForwardBatch {
+    let (ta, tb) = (table(8, 1), table(8, 2));
+    let (a, b) = (ids(9, 1, vocab), ids(13, 2, vocab));
+    batch(&[
+        Part {
+            ids: &a,
+            past: 0,
+            table: &ta,
+            want: &[0, 4, 8],
+        },
+        Part {
+            ids: &b,
+            past: 0,
+            table: &tb,
+            want: &[12],
+        },
+    ])
 }
