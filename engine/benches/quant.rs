@@ -10,6 +10,11 @@
 //! (`cargo xtask fetch-model`); says so and exits otherwise.
 //!
 //! Run: `cargo bench -p engine --bench quant [-- FILE.gguf]`
+//!
+//! For a profiler: `-- [FILE.gguf] --profile WORK` (WORK: `decode1`,
+//! `decode32` or `prefill`) loops the default (two-level) model on that one
+//! workload for about 20 seconds and prints its rate, e.g. under
+//! `perf record`.
 
 use engine::executor::{ContiguousLayout, ForwardBatch};
 use engine::model::quant::ActPrecision;
@@ -93,11 +98,22 @@ fn prefill_work(model: &LlamaModel) -> Work {
     }
 }
 
+fn model_forward(model: &LlamaModel, w: &mut Work) {
+    model.forward(&w.batch, &mut w.cache).expect("forward");
+}
+
+/// The value of `--profile WORK`, if given.
+fn profile_arg() -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == "--profile")?;
+    Some(args.get(i + 1).cloned().unwrap_or_default())
+}
+
 /// Tokens/s of `iters` forwards.
 fn time(model: &LlamaModel, w: &mut Work, iters: usize) -> f64 {
     let t = Instant::now();
     for _ in 0..iters {
-        model.forward(&w.batch, &mut w.cache).expect("forward");
+        model_forward(model, w);
     }
     (w.tokens * iters) as f64 / t.elapsed().as_secs_f64()
 }
@@ -139,7 +155,13 @@ fn main() {
     // `cargo bench -p engine --bench quant -- FILE.gguf` (default: SmolLM2 Q4_1).
     let path = std::env::args()
         .skip(1)
-        .find(|a| !a.starts_with("--"))
+        .scan(false, |after_profile, a| {
+            let skip = *after_profile;
+            *after_profile = a == "--profile";
+            Some((skip, a))
+        })
+        .find(|(skip, a)| !skip && !a.starts_with("--"))
+        .map(|(_, a)| a)
         .map_or_else(model_loader::paths::default_model_path, Into::into);
     if !path.is_file() {
         println!(
@@ -192,6 +214,27 @@ fn main() {
         rayon::current_num_threads(),
         engine::model::quant::Isa::best()
     );
+    if let Some(work) = profile_arg() {
+        let make: fn(&LlamaModel) -> Work = match work.as_str() {
+            "decode1" => |m| decode_work(m, 1),
+            "decode32" => |m| decode_work(m, 32),
+            "prefill" => prefill_work,
+            other => {
+                println!("quant bench: unknown --profile {other} (decode1, decode32, prefill)");
+                return;
+            }
+        };
+        let mut w = make(&quant);
+        time(&quant, &mut w, 1);
+        let (t, mut n) = (Instant::now(), 0);
+        while t.elapsed().as_secs_f64() < 20.0 {
+            model_forward(&quant, &mut w);
+            n += 1;
+        }
+        let rate = (w.tokens * n) as f64 / t.elapsed().as_secs_f64();
+        println!("profile {work}: two-level {rate:.1} tok/s over {n} forwards");
+        return;
+    }
     let models = [&quant, &one, &float];
     side_by_side("decode batch 1", &models, |m| decode_work(m, 1), 20);
     side_by_side("decode batch 32", &models, |m| decode_work(m, 32), 4);
