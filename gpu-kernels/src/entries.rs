@@ -226,7 +226,15 @@ define_kernels! {
     { embedding_f32: f32, 0; embedding_f16: f16, 0; embedding_bf16: bf16, 0; }
     family (out: *mut f32, logits: *const T, vocab: u32) => crate::sampling::greedy_rows::<T>;
     { greedy_rows_f32: f32, 0; }
-    family (out: *mut f32, logits: *const f32, params: *const u32, vocab: u32, n_top: u32)
+    family (out: *mut f32, logits: *const f32, draw_rows: *const f32, counts: *mut u32,
+            params: *const u32, vocab: u32, n_top: u32)
         => crate::sampling::sample_rows;
     { sample_rows_f32: f32, 0; }
+    family (counts: *mut u32, fills: *const u32, pairs: *const u32, vocab: u32)
+        => crate::penalty::fill_counts;
+    { fill_counts: f32, 0; }
+    family (out: *mut f32, logits: *mut f32, counts: *const u32, rows: *const u32, lists: *const u32,
+            vocab: u32)
+        => crate::penalty::penalize_rows;
+    { penalize_rows: f32, 0; }
 }

@@ -14,7 +14,8 @@
 //! - [`launch`]: grid/block/shared-memory sizing for every kernel family.
 //! - [`prefill_mma`]: FlashAttention-2 prefill on tensor cores (`mma.sync`, bf16/f16).
 //! - [`sampling`] and [`philox`]: on-device sampling and the counter-based generator the
-//!   CPU sampler shares with it.
+//!   CPU sampler shares with it; [`penalty`]: `logit_bias`, the penalties (token counts
+//!   kept on the device) and `min_tokens` suppression before that draw.
 //!
 //! Invariants: the crate is `#![no_std]` and has no host dependencies on nvptx; every
 //! kernel is written for any 1-D block whose size is a multiple of 32 (at most 1024),
@@ -40,6 +41,7 @@ pub mod elementwise;
 pub mod entries;
 pub mod launch;
 pub mod norm;
+pub mod penalty;
 pub mod philox;
 pub mod prefill_mma;
 mod reduce;

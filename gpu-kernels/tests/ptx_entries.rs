@@ -89,7 +89,7 @@ fn kernel_table_has_every_family_dtype_and_head_size() {
         4 * 3 * gpu_kernels::attention::HEAD_SIZES.len()
             + 2 * gpu_kernels::attention::HEAD_SIZES.len() // prefill_attention_mma (f16, bf16)
             + 8 * 3
-            + 2 // + greedy_rows_f32, sample_rows_f32
+            + 4 // + greedy_rows_f32, sample_rows_f32, fill_counts, penalize_rows
     );
     for dt in ["f16", "bf16"] {
         for h in gpu_kernels::attention::HEAD_SIZES {

@@ -26,6 +26,7 @@
 //! alone, plus O(vocab) per constrained or biased row to copy and mask it.
 
 mod beam;
+mod count_slots;
 mod handle;
 mod output;
 mod overlap;
@@ -95,6 +96,8 @@ pub struct LlmEngine {
     eos_token_ids: Vec<u32>,
     timings: StepTimings,
     grammars: GrammarStates,
+    /// Rows of the executor's token-count table (device penalties).
+    count_slots: count_slots::CountSlots,
 }
 
 impl LlmEngine {
@@ -133,6 +136,7 @@ impl LlmEngine {
             eos_token_ids: config.eos_token_ids,
             timings: StepTimings::default(),
             grammars: GrammarStates::default(),
+            count_slots: count_slots::CountSlots::default(),
         })
     }
 

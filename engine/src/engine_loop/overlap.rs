@@ -238,10 +238,12 @@ impl LlmEngine {
     /// Sends a step to the worker (its masks come later, see
     /// [`Self::mask_in_flight`]).
     fn launch(&mut self, mut sched: SchedulerOutput) {
+        // Before the batch is moved out: a refill may read its input ids.
+        let path = self.device_path(&sched);
         let job = Job {
             ops: std::mem::take(&mut sched.ops),
             batch: std::mem::take(&mut sched.batch),
-            path: self.device_path(&sched),
+            path,
         };
         if let Runner::Worker(w) = &self.runner {
             w.submit(job);

@@ -29,7 +29,7 @@ use super::{finish_reason, LlmEngine, Outputs};
 use crate::error::EngineError;
 use crate::executor::{ExecError, Executor, Logits};
 use crate::grammar::Mask;
-use crate::sampler::device::DeviceRow;
+use crate::sampler::device::{DeviceDraws, DeviceRow, Fill, Processing};
 use crate::sampler::{
     greedy_on_device, prompt_logprob, sample_row, top_logprobs, SampleOut, SeqContext,
 };
@@ -95,6 +95,10 @@ impl LlmEngine {
         result: Result<StepResult, ExecError>,
         masks: &[Option<Mask>],
     ) -> Sampled {
+        self.count_slots.step_done(
+            matches!(result, Ok(StepResult::Device(_))),
+            matches!(result, Ok(StepResult::Logits(_))),
+        );
         let rows = sched.targets.len() + sched.prompt_targets.len();
         match result {
             Ok(StepResult::Device(g)) if g.len() == sched.targets.len() => Sampled::Device(g),
@@ -179,12 +183,14 @@ impl LlmEngine {
     /// Which draws the executor may make where the logits are: plain greedy
     /// steps through `execute_greedy` (12 bytes per row), other steps whose
     /// every row has a [`DeviceRow`] through `execute_sampled`; anything else
-    /// (a row needing the logits) takes the logits path.
-    pub(super) fn device_path(&self, sched: &SchedulerOutput) -> DevicePath {
+    /// (a row needing the logits) takes the logits path. Called once per
+    /// launched step, before its batch is moved out (a slot refill may read
+    /// the step's input ids); claims the count slots the step uses.
+    pub(super) fn device_path(&mut self, sched: &SchedulerOutput) -> DevicePath {
         if self.all_rows_plain_greedy(sched) {
             DevicePath::Greedy
-        } else if let Some(rows) = self.device_rows(sched) {
-            DevicePath::Sampled(rows)
+        } else if let Some(draws) = self.device_rows(sched) {
+            DevicePath::Sampled(draws)
         } else {
             DevicePath::Logits
         }
@@ -211,33 +217,79 @@ impl LlmEngine {
     }
 
     /// Each row's device draw, or `None` when a row needs the logits path
-    /// (beam search, a group about to fork, a grammar, `logit_bias`,
-    /// penalties, `min_tokens` suppression) or the step has prompt rows.
-    fn device_rows(&self, sched: &SchedulerOutput) -> Option<Vec<DeviceRow>> {
+    /// (beam search, a group about to fork, a grammar), the step has prompt
+    /// rows, or a row has penalties and the executor cannot keep counts.
+    /// Rows with penalties get a count slot, filled from their sequence's
+    /// tokens when the device's counts do not hold them.
+    fn device_rows(&mut self, sched: &SchedulerOutput) -> Option<DeviceDraws> {
         if sched.targets.is_empty() || !sched.prompt_targets.is_empty() {
             return None;
         }
-        sched
-            .targets
-            .iter()
-            .map(|t| {
-                let g = self.scheduler.group(t.request_id)?;
-                let p = &g.params.sampling;
-                if p.use_beam_search
-                    || needs_fork(g)
-                    || p.structured.is_some()
-                    || !p.logit_bias.is_empty()
-                {
-                    return None;
+        let mut plan = Vec::with_capacity(sched.targets.len());
+        for (i, t) in sched.targets.iter().enumerate() {
+            let g = self.scheduler.group(t.request_id)?;
+            let p = &g.params.sampling;
+            if p.use_beam_search || needs_fork(g) || p.structured.is_some() {
+                return None;
+            }
+            let s = g.seqs.get(t.seq_index)?;
+            // The count when scheduled, not now: with asynchronous
+            // scheduling the previous step's token may not be appended
+            // yet, and the draw's counter must be the synchronous loop's.
+            let output_len = t.num_tokens.saturating_sub(s.prompt_len);
+            let row = DeviceRow::of(p, g.seed, t.seq_index, output_len);
+            let stops = if output_len < p.min_tokens {
+                self.stop_ids(g)
+            } else {
+                Vec::new()
+            };
+            let processing = Processing::of(p, output_len, &stops);
+            if p.has_penalties() && !has_history(sched, i, s) {
+                return None;
+            }
+            plan.push((row, processing, p.has_penalties()));
+        }
+        let penalized = || {
+            plan.iter()
+                .zip(&sched.targets)
+                .filter(|(x, _)| x.2)
+                .map(|(_, t)| (t.request_id, t.seq_index))
+        };
+        if penalized().next().is_some() {
+            if !self.count_slots.supported() {
+                return None;
+            }
+            let scheduler = &self.scheduler;
+            self.count_slots.retain(|&(id, i)| {
+                scheduler
+                    .group(id)
+                    .and_then(|g| g.seqs.get(i))
+                    .is_some_and(|s| !s.is_finished())
+            });
+            let keys: Vec<_> = penalized().collect();
+            self.count_slots.reserve(keys.iter());
+        }
+        let mut draws = DeviceDraws::default();
+        for (i, (row, mut processing, pen)) in plan.into_iter().enumerate() {
+            if let (true, Some(p)) = (pen, processing.as_mut()) {
+                let t = &sched.targets[i];
+                let (slot, fill) = self
+                    .count_slots
+                    .claim((t.request_id, t.seq_index), t.num_tokens)?;
+                p.slot = Some(slot);
+                if fill {
+                    let g = self.scheduler.group(t.request_id)?;
+                    let s = g.seqs.get(t.seq_index)?;
+                    let tokens = history(sched, i, s)?;
+                    draws
+                        .fills
+                        .push(Fill::from_tokens(slot, &tokens, s.prompt_len));
                 }
-                let s = g.seqs.get(t.seq_index)?;
-                // The count when scheduled, not now: with asynchronous
-                // scheduling the previous step's token may not be appended
-                // yet, and the draw's counter must be the synchronous loop's.
-                let output_len = t.num_tokens.saturating_sub(s.prompt_len);
-                DeviceRow::of(p, g.seed, t.seq_index, output_len)
-            })
-            .collect()
+            }
+            draws.push(row, processing);
+        }
+        draws.slots = self.count_slots.capacity();
+        Some(draws)
     }
 
     /// Appends the executor's draw of each row (see
@@ -509,6 +561,37 @@ fn processed_row(row: &[f32], bias: &[(u32, f32)], mask: Option<&Mask>) -> Optio
     Some(out)
 }
 
+/// The first `t.num_tokens` tokens of target `i`'s sequence `s`: its own,
+/// or (asynchronous scheduling: the previous draw not appended yet) all it
+/// has and the step's input id at the row's position. `None`: neither.
+fn history<'a>(
+    sched: &SchedulerOutput,
+    i: usize,
+    s: &'a crate::scheduler::Sequence,
+) -> Option<std::borrow::Cow<'a, [u32]>> {
+    let n = sched.targets.get(i)?.num_tokens;
+    if let Some(own) = s.tokens.get(..n) {
+        return Some(own.into());
+    }
+    let last = *sched
+        .batch
+        .token_ids
+        .get(*sched.batch.logits_rows.get(i)?)?;
+    let mut v = s.tokens.get(..n.checked_sub(1)?)?.to_vec();
+    v.push(last);
+    Some(v.into())
+}
+
+/// Whether [`history`] can give target `i`'s tokens (without building them).
+fn has_history(sched: &SchedulerOutput, i: usize, s: &crate::scheduler::Sequence) -> bool {
+    let Some(n) = sched.targets.get(i).map(|t| t.num_tokens) else {
+        return false;
+    };
+    let row = sched.batch.logits_rows.get(i);
+    s.tokens.len() >= n
+        || (s.tokens.len() + 1 == n && row.is_some_and(|&r| r < sched.batch.token_ids.len()))
+}
+
 /// A group of width > 1 that has not drawn its first token yet.
 pub(super) fn needs_fork(g: &SequenceGroup) -> bool {
     g.params.sampling.width() > 1
@@ -553,7 +636,7 @@ pub(super) enum DevicePath {
     /// Every row plain greedy: `Executor::execute_greedy`.
     Greedy,
     /// Every row drawable on the device: `Executor::execute_sampled`.
-    Sampled(Vec<DeviceRow>),
+    Sampled(DeviceDraws),
 }
 
 /// Runs the step on `path`'s device route. `Ok(None)`: the path is

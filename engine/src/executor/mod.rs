@@ -41,16 +41,16 @@ pub trait Executor: Send {
     }
 
     /// Runs the step like [`Executor::execute`] and draws each logits row
-    /// where the logits are, with `rows[i]`'s parameters (see
-    /// `sampler::device`): on a GPU only each row's token, logprob and top
-    /// logprobs leave the device. `rows` has one entry per logits row.
-    /// `Ok(None)`: this executor has no such path and ran nothing; call
-    /// `execute` and sample on the CPU.
+    /// where the logits are, with `draws.rows[i]`'s parameters and
+    /// processing (see `sampler::device`): on a GPU only each row's token,
+    /// logprob and top logprobs leave the device. `draws.rows` has one entry
+    /// per logits row. `Ok(None)`: this executor has no such path and ran
+    /// nothing; call `execute` and sample on the CPU.
     fn execute_sampled(
         &mut self,
         _ops: &BlockOps,
         _batch: &ForwardBatch,
-        _rows: &[crate::sampler::device::DeviceRow],
+        _draws: &crate::sampler::device::DeviceDraws,
     ) -> Result<Option<Vec<crate::sampler::SampleOut>>, ExecError> {
         Ok(None)
     }

@@ -1,25 +1,40 @@
-//! Sampling where the logits are: which rows the sampling kernel
-//! (`gpu_kernels::sampling::sample_rows`) can draw, the words it reads per
-//! row, and its output turned back into [`SampleOut`]s. The GPU executor
-//! (`executor::gpu::sample`) launches it; [`emulate_rows`] runs it on the
-//! host emulator for tests.
+//! Sampling where the logits are: what the device draw of a step needs
+//! ([`DeviceDraws`]: each row's [`DeviceRow`], the rows' logits processing,
+//! the count slots to fill), the words the kernels read, the launches in
+//! order, and their output turned back into [`SampleOut`]s. The GPU executor
+//! (`executor::gpu::sample`) launches them; [`emulate_draws`] runs them on
+//! the host emulator for tests.
 //!
 //! Device rows: temperature (0 = argmax), top-k, top-p, min-p, the seeded
-//! draw and up to [`MAX_LOGPROBS`] top logprobs. Rows that keep the logits
-//! path (the CPU sampler): penalties, `min_tokens` suppression, `logit_bias`,
-//! grammar masks, beam search, the first draws of a forking group, and steps
-//! with prompt-logprob rows.
+//! draw, up to [`MAX_LOGPROBS`] top logprobs, and ([`Processing`]) the three
+//! penalties from token counts kept on the device, `logit_bias` and
+//! `min_tokens` suppression (`gpu_kernels::penalty`). Rows that keep the
+//! logits path (the CPU sampler): grammar masks, beam search, the first
+//! draws of a forking group, and steps with prompt-logprob rows.
 //!
-//! Invariants: for a supported row, [`emulate_rows`] and
+//! Invariants: for a supported row, [`emulate_draws`] and
 //! [`super::sample_row`] give the same token (same definition, same Philox
-//! uniforms, same scalar functions) and logprobs equal up to rounding;
-//! on a GPU, rounding aside. Cost: `PARAM_WORDS` words up and `2 + 2 n`
-//! floats down per row (n the step's largest `logprobs`).
+//! uniforms, same scalar functions, the same processing in the same order)
+//! and logprobs equal up to rounding, as long as the row's count slot holds
+//! its sequence's tokens (filled from them, then one increment per draw);
+//! on a GPU, rounding aside. The logprobs are the CPU's: those of the row
+//! after `logit_bias`, before penalties and suppression.
+//!
+//! Cost: one upload of `PARAM_WORDS` words per row, `PEN_WORDS` plus the
+//! bias and suppressed ids per processed row, and the distinct tokens of
+//! each slot filled (once per sequence); `2 + 2 n` floats down per row (n
+//! the step's largest `logprobs`). Nothing in proportion to the vocabulary.
 
 use super::ops::SampleOut;
 use super::params::{SamplingParams, MAX_LOGPROBS};
 use crate::executor::Logits;
+use gpu_kernels::penalty::{pack_count, FILL_WORDS, NO_SLOT, PEN_WORDS};
 use gpu_kernels::sampling::PARAM_WORDS;
+use gpu_kernels::{KernelArg, LaunchConfig};
+use std::collections::HashMap;
+
+// `pack` writes these layouts word by word.
+const _: () = assert!(PEN_WORDS == 9 && FILL_WORDS == 3 && PARAM_WORDS == 10);
 
 /// One row's draw on the device.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,15 +52,18 @@ pub struct DeviceRow {
     pub step: usize,
     /// Top logprobs wanted (at most [`MAX_LOGPROBS`]).
     pub logprobs: usize,
+    /// Its processed copy (an index in [`DeviceDraws::processed`]); set by
+    /// [`DeviceDraws::push`].
+    pub processed: Option<u32>,
+    /// Its count slot; set by [`DeviceDraws::push`].
+    pub slot: Option<u32>,
 }
 
 impl DeviceRow {
-    /// The device row of a sequence with `output_len` tokens generated, or
-    /// `None` when its draw needs the logits path (see the module docs;
-    /// the caller checks beam search, forks, bias and grammar).
-    pub fn of(p: &SamplingParams, seed: u64, seq_index: usize, output_len: usize) -> Option<Self> {
-        let suppress = output_len < p.min_tokens;
-        (!p.has_penalties() && !suppress).then(|| Self {
+    /// The draw of a sequence with `output_len` tokens generated (its
+    /// processing, if any, is [`Processing::of`]).
+    pub fn of(p: &SamplingParams, seed: u64, seq_index: usize, output_len: usize) -> Self {
+        Self {
             temperature: p.temperature,
             top_p: p.top_p,
             min_p: p.min_p,
@@ -54,7 +72,9 @@ impl DeviceRow {
             seq_index,
             step: output_len,
             logprobs: p.logprobs.unwrap_or(0).min(MAX_LOGPROBS),
-        })
+            processed: None,
+            slot: None,
+        }
     }
 
     /// The kernel's [`PARAM_WORDS`] words for this row.
@@ -69,19 +89,294 @@ impl DeviceRow {
             (self.seed >> 32) as u32,
             self.seq_index as u32,
             self.step as u32,
+            self.processed.unwrap_or(NO_SLOT),
+            self.slot.unwrap_or(NO_SLOT),
         ]
     }
 }
 
-/// Top logprobs the step's output rows carry: the largest any row asks for.
-pub fn step_top_n(rows: &[DeviceRow]) -> usize {
-    rows.iter().map(|r| r.logprobs).max().unwrap_or(0)
+/// What changes a row's logits before its draw, in the CPU sampler's order:
+/// `logit_bias` (in place: the logprobs see it), then the penalties (from
+/// the row's count slot) and suppression (in the draw's copy).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Processing {
+    /// The count slot of the row's sequence (`Some` exactly when it has
+    /// penalties; set by the caller, who keeps the slots).
+    pub slot: Option<u32>,
+    pub repetition: f32,
+    pub frequency: f32,
+    pub presence: f32,
+    pub bias: Vec<(u32, f32)>,
+    /// Ids set to `-inf` for the draw (stop ids before `min_tokens`).
+    pub suppress: Vec<u32>,
 }
 
-/// Appends the parameter words of `rows` to `words` (cleared first).
-pub fn pack(rows: &[DeviceRow], words: &mut Vec<u32>) {
-    words.clear();
-    words.extend(rows.iter().flat_map(DeviceRow::words));
+impl Processing {
+    /// The processing of a row of a sequence with `output_len` tokens
+    /// generated whose stop ids (EOS unless ignored, `stop_token_ids`) are
+    /// `stop_ids`, or `None` when its logits are drawn as they are. The
+    /// slot is left `None`.
+    pub fn of(p: &SamplingParams, output_len: usize, stop_ids: &[u32]) -> Option<Self> {
+        let suppress = output_len < p.min_tokens && !stop_ids.is_empty();
+        (p.has_penalties() || suppress || !p.logit_bias.is_empty()).then(|| Self {
+            slot: None,
+            repetition: p.repetition_penalty,
+            frequency: p.frequency_penalty,
+            presence: p.presence_penalty,
+            bias: p.logit_bias.clone(),
+            suppress: if suppress {
+                stop_ids.to_vec()
+            } else {
+                Vec::new()
+            },
+        })
+    }
+}
+
+/// The count entries of one slot: `(token, entry)` for each distinct token
+/// of a sequence (`gpu_kernels::penalty::pack_count`), ascending by token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fill {
+    pub slot: u32,
+    pub entries: Vec<(u32, u32)>,
+}
+
+impl Fill {
+    /// The fill of `slot` for a sequence whose tokens are `tokens`, the
+    /// first `prompt_len` of them its prompt.
+    pub fn from_tokens(slot: u32, tokens: &[u32], prompt_len: usize) -> Self {
+        let mut counts: HashMap<u32, (bool, u32)> = HashMap::new();
+        for (i, &t) in tokens.iter().enumerate() {
+            let e = counts.entry(t).or_default();
+            if i < prompt_len {
+                e.0 = true;
+            } else {
+                e.1 += 1;
+            }
+        }
+        let mut entries: Vec<(u32, u32)> = counts
+            .into_iter()
+            .map(|(t, (prompt, out))| (t, pack_count(prompt, out)))
+            .collect();
+        entries.sort_unstable();
+        Self { slot, entries }
+    }
+}
+
+/// One step's device draw: a row per logits row, the processed rows, the
+/// slots to fill first, and how many slots the count table must hold.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceDraws {
+    pub rows: Vec<DeviceRow>,
+    /// `(row, processing)`: the processed copies, in order.
+    pub processed: Vec<(u32, Processing)>,
+    pub fills: Vec<Fill>,
+    /// Slots of the device's count table (above every slot used).
+    pub slots: u32,
+}
+
+/// Word offsets of the parts of [`DeviceDraws::pack`]'s buffer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Layout {
+    pub processed: usize,
+    pub lists: usize,
+    pub fills: usize,
+    pub pairs: usize,
+}
+
+/// Device addresses of a step's buffers (host addresses on the emulator).
+#[derive(Debug, Clone, Copy)]
+pub struct Buffers {
+    /// `rows x out_stride(n_top)` f32.
+    pub out: u64,
+    /// `rows x vocab` f32 (biased in place).
+    pub logits: u64,
+    /// `processed x vocab` f32.
+    pub draw: u64,
+    /// `slots x vocab` u32, kept across steps.
+    pub counts: u64,
+    /// The packed words.
+    pub words: u64,
+}
+
+/// The kernels of a step, in launch order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Fill,
+    Penalize,
+    Sample,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 3] = [Stage::Fill, Stage::Penalize, Stage::Sample];
+
+    /// The entry point.
+    pub const fn kernel(self) -> &'static str {
+        match self {
+            Stage::Fill => "fill_counts",
+            Stage::Penalize => "penalize_rows",
+            Stage::Sample => "sample_rows_f32",
+        }
+    }
+}
+
+/// One kernel launch of a step.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub stage: Stage,
+    pub cfg: LaunchConfig,
+    pub args: Vec<KernelArg>,
+}
+
+impl DeviceDraws {
+    /// Plain rows: no processing, no slots.
+    pub fn plain(rows: Vec<DeviceRow>) -> Self {
+        Self {
+            rows,
+            ..Self::default()
+        }
+    }
+
+    /// Appends a row with its processing (its slot, when it has one, must
+    /// be below [`Self::slots`]).
+    pub fn push(&mut self, mut row: DeviceRow, processing: Option<Processing>) {
+        if let Some(p) = processing {
+            row.processed = Some(self.processed.len() as u32);
+            row.slot = p.slot;
+            self.processed.push((self.rows.len() as u32, p));
+        }
+        self.rows.push(row);
+    }
+
+    /// Top logprobs the step's output rows carry: the largest any row asks for.
+    pub fn top_n(&self) -> usize {
+        self.rows.iter().map(|r| r.logprobs).max().unwrap_or(0)
+    }
+
+    /// Writes every word the kernels read into `words` (cleared first):
+    /// row parameters, processed rows, their lists, fills, fill pairs.
+    pub fn pack(&self, words: &mut Vec<u32>) -> Layout {
+        words.clear();
+        words.extend(self.rows.iter().flat_map(DeviceRow::words));
+        let processed = words.len();
+        let mut list_at = 0usize;
+        for (row, p) in &self.processed {
+            let bias_len = 2 * p.bias.len();
+            words.extend([
+                *row,
+                p.slot.unwrap_or(NO_SLOT),
+                p.repetition.to_bits(),
+                p.frequency.to_bits(),
+                p.presence.to_bits(),
+                list_at as u32,
+                p.bias.len() as u32,
+                (list_at + bias_len) as u32,
+                p.suppress.len() as u32,
+            ]);
+            list_at += bias_len + p.suppress.len();
+        }
+        let lists = words.len();
+        for (_, p) in &self.processed {
+            words.extend(p.bias.iter().flat_map(|&(t, b)| [t, b.to_bits()]));
+            words.extend_from_slice(&p.suppress);
+        }
+        let fills = words.len();
+        let mut pair_at = 0usize;
+        for f in &self.fills {
+            words.extend([f.slot, pair_at as u32, f.entries.len() as u32]);
+            pair_at += f.entries.len();
+        }
+        let pairs = words.len();
+        for f in &self.fills {
+            words.extend(f.entries.iter().flat_map(|&(t, e)| [t, e]));
+        }
+        Layout {
+            processed,
+            lists,
+            fills,
+            pairs,
+        }
+    }
+
+    /// The step's launches in order: fills, processing, the draw.
+    pub fn launches(&self, layout: Layout, b: Buffers, vocab: usize, threads: u32) -> Vec<Launch> {
+        let at = |words: usize| KernelArg::Ptr(b.words + 4 * words as u64);
+        let v = KernelArg::U32(vocab as u32);
+        let mut out = Vec::with_capacity(3);
+        if !self.fills.is_empty() {
+            out.push(Launch {
+                stage: Stage::Fill,
+                cfg: gpu_kernels::launch::per_row(self.fills.len() as u32, threads),
+                args: vec![
+                    KernelArg::Ptr(b.counts),
+                    at(layout.fills),
+                    at(layout.pairs),
+                    v,
+                ],
+            });
+        }
+        if !self.processed.is_empty() {
+            out.push(Launch {
+                stage: Stage::Penalize,
+                cfg: gpu_kernels::launch::per_row(self.processed.len() as u32, threads),
+                args: vec![
+                    KernelArg::Ptr(b.draw),
+                    KernelArg::Ptr(b.logits),
+                    KernelArg::Ptr(b.counts),
+                    at(layout.processed),
+                    at(layout.lists),
+                    v,
+                ],
+            });
+        }
+        out.push(Launch {
+            stage: Stage::Sample,
+            cfg: gpu_kernels::launch::per_row(self.rows.len() as u32, threads),
+            args: vec![
+                KernelArg::Ptr(b.out),
+                KernelArg::Ptr(b.logits),
+                KernelArg::Ptr(b.draw),
+                KernelArg::Ptr(b.counts),
+                at(0),
+                v,
+                KernelArg::U32(self.top_n() as u32),
+            ],
+        });
+        out
+    }
+
+    /// Checks what the kernels rely on: one row per logits row (`rows`),
+    /// processed and slot indices in range, distinct slots per step, no fill
+    /// or row past [`Self::slots`]. `Err`: why not.
+    pub fn check(&self, rows: usize) -> Result<(), String> {
+        if self.rows.len() != rows {
+            return Err(format!(
+                "{} sampling rows for {rows} logits rows",
+                self.rows.len()
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, r) in self.rows.iter().enumerate() {
+            if let Some(p) = r.processed {
+                let ok = self
+                    .processed
+                    .get(p as usize)
+                    .is_some_and(|(row, q)| *row as usize == i && q.slot == r.slot);
+                if !ok {
+                    return Err(format!("row {i}: processed row {p} does not name it"));
+                }
+            }
+            if let Some(s) = r.slot {
+                if s >= self.slots || !seen.insert(s) || r.processed.is_none() {
+                    return Err(format!("row {i}: slot {s} out of range or used twice"));
+                }
+            }
+        }
+        if let Some(f) = self.fills.iter().find(|f| f.slot >= self.slots) {
+            return Err(format!("fill of slot {} past {} slots", f.slot, self.slots));
+        }
+        Ok(())
+    }
 }
 
 /// Floats per output row for `n_top` top logprobs.
@@ -107,35 +402,54 @@ pub fn unpack(out: &[f32], rows: &[DeviceRow], n_top: usize) -> Vec<SampleOut> {
         .collect()
 }
 
-/// Runs the sampling kernel on the host emulator over `logits` (one row per
-/// [`DeviceRow`]): what the GPU executor computes on the device.
+/// Runs plain rows (no processing) on the host emulator over `logits`.
 pub fn emulate_rows(logits: &Logits, rows: &[DeviceRow]) -> Vec<SampleOut> {
-    use gpu_kernels::sig::KernelArg;
     let r = rows.len().min(logits.rows);
-    if r == 0 {
-        return Vec::new();
+    let mut copy = Logits {
+        rows: r,
+        vocab: logits.vocab,
+        data: logits.data[..r * logits.vocab].to_vec(),
+    };
+    let draws = DeviceDraws::plain(rows[..r].to_vec());
+    emulate_draws(&mut copy, &draws, &mut Vec::new()).unwrap_or_default()
+}
+
+/// Runs a step's draws on the host emulator, as the GPU executor does on
+/// the device: `logits` is biased in place, `counts` is the count table
+/// (`slots x vocab`, kept by the caller across steps; grown with zeros).
+pub fn emulate_draws(
+    logits: &mut Logits,
+    draws: &DeviceDraws,
+    counts: &mut Vec<u32>,
+) -> Result<Vec<SampleOut>, String> {
+    draws.check(logits.rows)?;
+    if draws.rows.is_empty() {
+        return Ok(Vec::new());
     }
-    let n_top = step_top_n(rows);
+    let vocab = logits.vocab;
+    let n_top = draws.top_n();
     let mut words = Vec::new();
-    pack(&rows[..r], &mut words);
-    let mut out = vec![0f32; r * out_stride(n_top)];
-    let args = [
-        KernelArg::Ptr(out.as_mut_ptr() as u64),
-        KernelArg::Ptr(logits.data.as_ptr() as u64),
-        KernelArg::Ptr(words.as_ptr() as u64),
-        KernelArg::U32(logits.vocab as u32),
-        KernelArg::U32(n_top as u32),
-    ];
-    let cfg = gpu_kernels::launch::per_row(r as u32, 32);
-    // SAFETY: `logits.data` holds at least `r` rows of `vocab` f32, `words`
-    // `r * PARAM_WORDS` u32, `out` `r * out_stride(n_top)` f32 with
-    // `n_top <= MAX_LOGPROBS = MAX_TOP_N`; one block per row. The kernel
-    // exists with this signature (a mismatch is an error, not UB).
-    let ran = unsafe { gpu_kernels::entries::emulate("sample_rows_f32", cfg, &args) };
-    if ran.is_err() {
-        return Vec::new();
+    let layout = draws.pack(&mut words);
+    counts.resize((draws.slots as usize * vocab).max(counts.len()), 0);
+    let mut draw = vec![0f32; draws.processed.len() * vocab];
+    let mut out = vec![0f32; draws.rows.len() * out_stride(n_top)];
+    let bufs = Buffers {
+        out: out.as_mut_ptr() as u64,
+        logits: logits.data.as_mut_ptr() as u64,
+        draw: draw.as_mut_ptr() as u64,
+        counts: counts.as_mut_ptr() as u64,
+        words: words.as_ptr() as u64,
+    };
+    for l in draws.launches(layout, bufs, vocab, 32) {
+        // SAFETY: `check` passed, so every row, processed row and slot the
+        // words name is inside `logits` (`rows x vocab`), `draw`
+        // (`processed x vocab`) and `counts` (`slots x vocab`); `words` is
+        // the packed buffer the offsets index; `out` holds `rows x
+        // out_stride(n_top)` with `n_top <= MAX_LOGPROBS = MAX_TOP_N`.
+        unsafe { gpu_kernels::entries::emulate(l.stage.kernel(), l.cfg, &l.args) }
+            .map_err(|e| format!("{}: {e:?}", l.stage.kernel()))?;
     }
-    unpack(&out, &rows[..r], n_top)
+    Ok(unpack(&out, &draws.rows, n_top))
 }
 
 #[cfg(test)]
@@ -144,19 +458,64 @@ mod tests {
     use crate::sampler::{sample_row, SeqContext};
 
     #[test]
-    fn unsupported_rows_are_refused() {
+    fn processing_is_asked_only_when_the_row_changes() {
         let d = SamplingParams::default;
+        assert!(Processing::of(&d(), 0, &[2]).is_none());
         let pen = SamplingParams {
             presence_penalty: 0.5,
             ..d()
         };
-        assert!(DeviceRow::of(&pen, 1, 0, 3).is_none());
+        assert!(Processing::of(&pen, 3, &[2]).is_some());
         let min = SamplingParams {
             min_tokens: 4,
             ..d()
         };
-        assert!(DeviceRow::of(&min, 1, 0, 3).is_none());
-        assert!(DeviceRow::of(&min, 1, 0, 4).is_some());
+        let p = Processing::of(&min, 3, &[2, 9]).expect("suppressed");
+        assert_eq!(p.suppress, vec![2, 9]);
+        assert!(Processing::of(&min, 4, &[2]).is_none());
+        assert!(Processing::of(&min, 3, &[]).is_none());
+        let bias = SamplingParams {
+            logit_bias: vec![(3, -1.0)],
+            ..d()
+        };
+        assert_eq!(
+            Processing::of(&bias, 0, &[]).map(|p| p.bias),
+            Some(vec![(3, -1.0)])
+        );
+    }
+
+    #[test]
+    fn fills_count_the_prompt_and_the_output_apart() {
+        let f = Fill::from_tokens(4, &[7, 3, 7, 3, 3, 9], 3);
+        assert_eq!(
+            f.entries,
+            vec![(3, pack_count(true, 2)), (7, pack_count(true, 0)), (9, 1)]
+        );
+    }
+
+    #[test]
+    fn inconsistent_draws_are_refused() {
+        let row = DeviceRow::of(&SamplingParams::default(), 1, 0, 0);
+        let mut d = DeviceDraws::plain(vec![row]);
+        assert!(d.check(2).is_err());
+        assert!(d.check(1).is_ok());
+        let pen = Processing {
+            slot: Some(0),
+            repetition: 1.2,
+            frequency: 0.0,
+            presence: 0.0,
+            bias: Vec::new(),
+            suppress: Vec::new(),
+        };
+        d.push(row, Some(pen.clone()));
+        // Slot 0 but a table of no slots.
+        assert!(d.check(2).is_err());
+        d.slots = 1;
+        assert!(d.check(2).is_ok());
+        // Two rows on one slot.
+        d.push(row, Some(pen));
+        d.slots = 2;
+        assert!(d.check(3).is_err());
     }
 
     #[test]
@@ -190,7 +549,7 @@ mod tests {
         let rows: Vec<DeviceRow> = params
             .iter()
             .enumerate()
-            .map(|(i, p)| DeviceRow::of(p, 77 + i as u64, i, 2).expect("supported"))
+            .map(|(i, p)| DeviceRow::of(p, 77 + i as u64, i, 2))
             .collect();
         let got = emulate_rows(&logits, &rows);
         assert_eq!(got.len(), 3);

@@ -45,7 +45,7 @@ pub use emu::EmuDevice;
 use super::{
     BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, HostModel, KvGeometry, Logits,
 };
-use crate::sampler::{device::DeviceRow, SampleOut};
+use crate::sampler::{device::DeviceDraws, SampleOut};
 use blocks::KvPools;
 use forward::{Dims, Kernels, Scratch};
 use graphs::Graphs;
@@ -429,9 +429,9 @@ impl<D: Device> Executor for GpuExecutor<D> {
         &mut self,
         ops: &BlockOps,
         batch: &ForwardBatch,
-        rows: &[DeviceRow],
+        draws: &DeviceDraws,
     ) -> Result<Option<Vec<SampleOut>>, ExecError> {
-        self.sample_step(ops, batch, rows).map(Some)
+        self.sample_step(ops, batch, draws).map(Some)
     }
 
     fn vocab_size(&self) -> usize {

@@ -1,77 +1,121 @@
 //! Sampling on the device: the forward pass leaves its logits rows on the
-//! device (`forward::Output::Device`), one `sample_rows_f32` launch draws
-//! every row (`gpu_kernels::sampling::sample_rows`, the CPU sampler's
-//! algorithm) and one download brings back each row's token, logprob and
-//! top logprobs.
+//! device (`forward::Output::Device`); then, in order on the same stream,
+//! `fill_counts` writes the count slots of sequences new to the table,
+//! `penalize_rows` biases the processed rows in place and writes their
+//! penalized, suppressed copies (`gpu_kernels::penalty`), and
+//! `sample_rows_f32` draws every row (the CPU sampler's algorithm) and adds
+//! each drawn token to its row's count slot. One download brings back each
+//! row's token, logprob and top logprobs.
 //!
-//! Invariants: one launch and one download per step, after the forward
-//! pass on the same stream; `rows` has one entry per logits row, or the step
-//! is refused before anything runs; the parameter and output buffers grow
-//! to the largest batch and are reused (no allocation per step after that
-//! but the returned rows). Cost: `8 x 4` bytes up and `(2 + 2 n) x 4` bytes
-//! down per row (n the step's largest `logprobs`), independent of the
-//! vocabulary.
+//! The count table (`slots x vocab` u32) lives here across steps; which
+//! sequence owns which slot, and when a slot must be refilled, is the
+//! engine's business (`engine_loop::count_slots`): this module only grows
+//! the table to the slots a step names (a grown table starts zeroed, and
+//! the engine refills every slot when it asks for more).
+//!
+//! Invariants: one upload, at most three launches and one download per
+//! step, after the forward pass on the same stream; the draws are checked
+//! (`DeviceDraws::check`: rows, processed rows and slots consistent) before
+//! anything runs; the buffers grow to the largest step and are reused (no
+//! allocation per step after that but the returned rows). Cost: the packed
+//! words up (`10 x 4` bytes per row, plus the processed rows' lists and the
+//! fills) and `(2 + 2 n) x 4` bytes down per row (n the step's largest
+//! `logprobs`), independent of the vocabulary; on the device, two passes
+//! over each processed row and one over each filled slot.
 
 use super::device::{DevBuf, DevPtr, Device, Kernel, ThreadsFor};
 use super::forward::{ensure, Output, StepOut};
 use super::{GpuError, GpuExecutor};
 use crate::executor::{BlockOps, ExecError, ForwardBatch};
-use crate::sampler::device::{out_stride, pack, step_top_n, unpack, DeviceRow};
+use crate::sampler::device::{out_stride, unpack, Buffers, DeviceDraws, Stage};
 use crate::sampler::SampleOut;
-use gpu_kernels::{launch as geom, KernelArg};
 
-/// The sampling kernel and its reusable buffers.
+/// The sampling kernels and their reusable buffers.
 pub struct SampleState {
-    kernel: Kernel,
-    params: Option<DevBuf>,
+    /// One per [`Stage`], in `Stage::ALL` order.
+    kernels: [Kernel; 3],
+    words_buf: Option<DevBuf>,
     out: Option<DevBuf>,
+    /// The processed rows' copies.
+    draw: Option<DevBuf>,
+    /// The count table, kept across steps.
+    counts: Option<DevBuf>,
     words: Vec<u32>,
     bytes: Vec<u8>,
 }
 
 impl SampleState {
-    /// Resolves `sample_rows_f32` (once, at start).
+    /// Resolves the sampling kernels (once, at start).
     pub fn new(dev: &mut dyn Device) -> Result<Self, GpuError> {
+        let [a, b, c] = Stage::ALL;
         Ok(Self {
-            kernel: dev.kernel("sample_rows_f32")?,
-            params: None,
+            kernels: [
+                dev.kernel(a.kernel())?,
+                dev.kernel(b.kernel())?,
+                dev.kernel(c.kernel())?,
+            ],
+            words_buf: None,
             out: None,
+            draw: None,
+            counts: None,
             words: Vec::new(),
             bytes: Vec::new(),
         })
     }
 
-    /// Draws the `rows.len()` rows of `[rows, vocab]` f32 `logits`.
+    fn kernel(&self, stage: Stage) -> Kernel {
+        match stage {
+            Stage::Fill => self.kernels[0],
+            Stage::Penalize => self.kernels[1],
+            Stage::Sample => self.kernels[2],
+        }
+    }
+
+    /// Draws the rows of `[rows, vocab]` f32 `logits` (checked by the
+    /// caller: `draws.check(rows)` passed).
     fn draw(
         &mut self,
         dev: &mut dyn Device,
         logits: DevPtr,
-        rows: &[DeviceRow],
+        draws: &DeviceDraws,
         vocab: usize,
     ) -> Result<Vec<SampleOut>, GpuError> {
-        let r = rows.len();
-        let n_top = step_top_n(rows);
-        pack(rows, &mut self.words);
+        let r = draws.rows.len();
+        let n_top = draws.top_n();
+        let layout = draws.pack(&mut self.words);
         self.bytes.clear();
         self.bytes
             .extend(self.words.iter().flat_map(|w| w.to_le_bytes()));
-        let params = ensure(dev, &mut self.params, self.bytes.len())?;
-        dev.upload(params, &self.bytes)?;
+        let words = ensure(dev, &mut self.words_buf, self.bytes.len())?;
+        dev.upload(words, &self.bytes)?;
         let out_bytes = r * out_stride(n_top) * 4;
         let out = ensure(dev, &mut self.out, out_bytes)?;
-        let cfg = geom::per_row(r as u32, dev.threads(ThreadsFor::Rows));
-        let args = [
-            out.arg(),
-            logits.arg(),
-            params.arg(),
-            KernelArg::U32(vocab as u32),
-            KernelArg::U32(n_top as u32),
-        ];
-        // SAFETY: `logits` holds `r` rows of `vocab` f32 (the LM head's
-        // output of this step), `params` `r * PARAM_WORDS` u32 (uploaded
-        // above), `out` `r * out_stride(n_top)` f32 with `n_top <=
-        // MAX_LOGPROBS`; one block per row.
-        unsafe { dev.launch(self.kernel, cfg, &args) }?;
+        // Unused pointers (no processed row, no slot) are never read.
+        let draw = match draws.processed.len() {
+            0 => logits,
+            p => ensure(dev, &mut self.draw, p * vocab * 4)?,
+        };
+        let counts = match draws.slots {
+            0 => logits,
+            s => ensure(dev, &mut self.counts, s as usize * vocab * 4)?,
+        };
+        let bufs = Buffers {
+            out: out.0,
+            logits: logits.0,
+            draw: draw.0,
+            counts: counts.0,
+            words: words.0,
+        };
+        let threads = dev.threads(ThreadsFor::Rows);
+        for l in draws.launches(layout, bufs, vocab, threads) {
+            // SAFETY: `draws.check` passed, so every logits row, processed
+            // row and slot the words name is inside `logits` (the LM head's
+            // `rows x vocab` f32 of this step), `draw` (`processed x vocab`
+            // f32) and `counts` (`slots x vocab` u32), each grown above;
+            // `words` holds the packed words the offsets index; `out` holds
+            // `rows x out_stride(n_top)` f32 with `n_top <= MAX_LOGPROBS`.
+            unsafe { dev.launch(self.kernel(l.stage), l.cfg, &l.args) }?;
+        }
         self.bytes.resize(out_bytes, 0);
         dev.download(out, &mut self.bytes)?;
         let floats: Vec<f32> = self
@@ -79,7 +123,7 @@ impl SampleState {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        Ok(unpack(&floats, rows, n_top))
+        Ok(unpack(&floats, &draws.rows, n_top))
     }
 }
 
@@ -89,15 +133,11 @@ impl<D: Device> GpuExecutor<D> {
         &mut self,
         ops: &BlockOps,
         batch: &ForwardBatch,
-        rows: &[DeviceRow],
+        draws: &DeviceDraws,
     ) -> Result<Vec<SampleOut>, ExecError> {
-        if rows.len() != batch.logits_rows.len() {
-            return Err(ExecError::InvalidBatch(format!(
-                "{} sampling rows for {} logits rows",
-                rows.len(),
-                batch.logits_rows.len()
-            )));
-        }
+        draws
+            .check(batch.logits_rows.len())
+            .map_err(ExecError::InvalidBatch)?;
         let logits = match self.step(ops, batch, Output::Device)? {
             StepOut::Device(p) => p,
             // No logits rows: nothing to draw.
@@ -110,6 +150,6 @@ impl<D: Device> GpuExecutor<D> {
         };
         Ok(self
             .sampling
-            .draw(&mut self.dev, logits, rows, self.dims.vocab)?)
+            .draw(&mut self.dev, logits, draws, self.dims.vocab)?)
     }
 }

@@ -535,7 +535,7 @@ fn a_greedy_step_downloads_twelve_bytes_per_row_not_the_vocabulary() {
 /// and top logprobs equal to rounding.
 #[test]
 fn sampled_rows_on_the_device_equal_the_cpu_sampler() {
-    use crate::sampler::device::DeviceRow;
+    use crate::sampler::device::{DeviceDraws, DeviceRow};
     use crate::sampler::{sample_row, SamplingParams, SeqContext};
     let (mut cpu, mut gpu) = pair(64, DType::F32);
     let b = two_prompts_four_rows(config(64).vocab_size);
@@ -564,12 +564,12 @@ fn sampled_rows_on_the_device_equal_the_cpu_sampler() {
     let rows: Vec<DeviceRow> = params
         .iter()
         .enumerate()
-        .map(|(i, p)| DeviceRow::of(p, 1234 + i as u64, i % 2, 3 * i).expect("device row"))
+        .map(|(i, p)| DeviceRow::of(p, 1234 + i as u64, i % 2, 3 * i))
         .collect();
     let none = BlockOps::default();
     let logits = cpu.execute(&none, &b).expect("cpu step");
     let got = gpu
-        .execute_sampled(&none, &b, &rows)
+        .execute_sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
         .expect("gpu step")
         .expect("the GPU executor samples on the device");
     assert_eq!(got.len(), 4);
@@ -590,17 +590,19 @@ fn sampled_rows_on_the_device_equal_the_cpu_sampler() {
         assert_eq!(ids_of(&got[i].top_logprobs), ids_of(&want.top_logprobs));
     }
     // A row count that does not match the logits rows is refused.
-    assert!(gpu.execute_sampled(&none, &b, &rows[..3]).is_err());
+    assert!(gpu
+        .execute_sampled(&none, &b, &DeviceDraws::plain(rows[..3].to_vec()))
+        .is_err());
     // The CPU executor has no device path: it says so and runs nothing.
     assert!(cpu
-        .execute_sampled(&none, &b, &rows)
+        .execute_sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
         .expect("cpu")
         .is_none());
 }
 
 #[test]
 fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
-    use crate::sampler::device::DeviceRow;
+    use crate::sampler::device::{DeviceDraws, DeviceRow};
     use crate::sampler::SamplingParams;
     let c = config(64);
     // Eager, so that the launch and upload counts below compare like with
@@ -612,15 +614,14 @@ fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
         logprobs: Some(2),
         ..SamplingParams::default()
     };
-    let rows: Vec<DeviceRow> = (0..5)
-        .map(|i| DeviceRow::of(&p, 9, 0, i).expect("device row"))
-        .collect();
+    let rows: Vec<DeviceRow> = (0..5).map(|i| DeviceRow::of(&p, 9, 0, i)).collect();
     let none = BlockOps::default();
     // A first step uploads the block tables (the persistent batch then
     // sends only what changes): both measured steps below start warm.
     gpu.execute(&none, &b).expect("warm-up step");
     let before = counters.get();
-    gpu.execute_sampled(&none, &b, &rows).expect("sampled step");
+    gpu.execute_sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
+        .expect("sampled step");
     let sampled = counters.get().since(&before);
     // token, logprob and two (token, logprob) pairs per row.
     assert_eq!((sampled.downloads, sampled.download_bytes), (1, 5 * 6 * 4));
@@ -628,16 +629,16 @@ fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
     gpu.execute(&none, &b).expect("logits step");
     let full = counters.get().since(&before);
     assert_eq!(sampled.launches, full.launches + 1);
-    // The step's uploads plus the parameter words (8 per row).
+    // The step's uploads plus the parameter words (10 per row).
     assert_eq!(sampled.uploads, full.uploads + 1);
-    assert_eq!(sampled.upload_bytes, full.upload_bytes + 5 * 8 * 4);
+    assert_eq!(sampled.upload_bytes, full.upload_bytes + 5 * 10 * 4);
     // Through a CUDA graph (decode step padded to bucket 8) the step still
     // downloads only the 5 real rows' draws, captured or replayed.
     let (mut graphed, counters, _) = counting_five_decode_rows(&c, false);
     for _ in 0..2 {
         let before = counters.get();
         graphed
-            .execute_sampled(&none, &b, &rows)
+            .execute_sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
             .expect("sampled graph step");
         let step = counters.get().since(&before);
         assert_eq!((step.downloads, step.download_bytes), (1, 5 * 6 * 4));

@@ -1,0 +1,210 @@
+//! Which sequence owns which row ("slot") of the executor's token-count
+//! table, the device half of the penalties (`sampler::device`,
+//! `gpu_kernels::penalty`), and when a slot must be (re)filled from the
+//! sequence's tokens.
+//!
+//! A slot is claimed when a sequence with penalties is first drawn on the
+//! device and filled then from its tokens; each device draw adds its token
+//! on the device. The host tracks, per slot, how many of the sequence's
+//! tokens the device counts hold (`device_len`), assuming the draw of a
+//! launched step happens; a row is refilled whenever its sequence's length
+//! differs from that (a step drawn on the host, a step that failed, a
+//! grown table), so the device never uses counts of another history.
+//!
+//! Invariants:
+//! - a slot has at most one owner; a slot is freed only when its sequence is
+//!   gone or finished, checked when the next device step is planned (after
+//!   every step that could still draw for it was launched: the executor runs
+//!   steps in order, so a refill of a reused slot follows the old owner's
+//!   last increment);
+//! - growing the table (the executor reallocates it zeroed) forgets every
+//!   slot's counts;
+//! - after a step that did not draw on the device, its rows' counts are
+//!   forgotten; if it returned logits instead, the executor has no device
+//!   draw and penalized rows stay on the logits path from then on.
+//!
+//! Cost: O(slots) per planned device step with penalties (the liveness
+//! check), O(1) per row, plus the refills (O(tokens) each).
+
+use crate::scheduler::RequestId;
+use std::collections::HashMap;
+
+/// A sequence: its request and its index in the group.
+pub(super) type SeqKey = (RequestId, usize);
+
+/// Smallest table the executor is asked for.
+const MIN_SLOTS: u32 = 8;
+
+#[derive(Debug, Clone, Copy)]
+struct Owned {
+    slot: u32,
+    /// Tokens the device counts hold (`None`: unknown, refill).
+    device_len: Option<usize>,
+}
+
+/// The slot table of one engine (see the module docs).
+#[derive(Debug, Default)]
+pub(super) struct CountSlots {
+    owners: HashMap<SeqKey, Owned>,
+    free: Vec<u32>,
+    /// Slots handed out so far (free or owned).
+    used: u32,
+    /// Slots the executor's table holds.
+    capacity: u32,
+    /// The sequences of the launched step's rows that hold a slot.
+    in_flight: Vec<SeqKey>,
+    /// The executor draws nothing on the device: no more slots.
+    unsupported: bool,
+}
+
+impl CountSlots {
+    /// Whether penalized rows may be drawn on the device.
+    pub(super) fn supported(&self) -> bool {
+        !self.unsupported
+    }
+
+    /// Slots the executor's table must hold.
+    pub(super) fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Slots owned now.
+    #[cfg(test)]
+    pub(super) fn owned(&self) -> usize {
+        self.owners.len()
+    }
+
+    /// Frees the slots of sequences for which `alive` is false.
+    pub(super) fn retain(&mut self, alive: impl Fn(&SeqKey) -> bool) {
+        let free = &mut self.free;
+        self.owners.retain(|k, o| {
+            let keep = alive(k);
+            if !keep {
+                free.push(o.slot);
+            }
+            keep
+        });
+    }
+
+    /// Makes room for the sequences of `keys` that hold no slot yet: when the
+    /// table must grow it doubles, and every slot is to be refilled.
+    pub(super) fn reserve<'a>(&mut self, keys: impl Iterator<Item = &'a SeqKey>) {
+        let new = keys.filter(|k| !self.owners.contains_key(k)).count() as u32;
+        let need = self.used + new.saturating_sub(self.free.len() as u32);
+        if need <= self.capacity {
+            return;
+        }
+        self.capacity = need.max(2 * self.capacity).max(MIN_SLOTS);
+        for o in self.owners.values_mut() {
+            o.device_len = None;
+        }
+    }
+
+    /// The slot of `key`, drawn now at length `num_tokens`, and whether it
+    /// must be filled with the sequence's first `num_tokens` tokens first.
+    /// Records the draw as launched. `None`: no room (call [`Self::reserve`]).
+    pub(super) fn claim(&mut self, key: SeqKey, num_tokens: usize) -> Option<(u32, bool)> {
+        let owned = match self.owners.get(&key) {
+            Some(o) => *o,
+            None => {
+                let slot = match self.free.pop() {
+                    Some(s) => s,
+                    None if self.used < self.capacity => {
+                        self.used += 1;
+                        self.used - 1
+                    }
+                    None => return None,
+                };
+                Owned {
+                    slot,
+                    device_len: None,
+                }
+            }
+        };
+        let fill = owned.device_len != Some(num_tokens);
+        self.owners.insert(
+            key,
+            Owned {
+                slot: owned.slot,
+                device_len: Some(num_tokens + 1),
+            },
+        );
+        self.in_flight.push(key);
+        Some((owned.slot, fill))
+    }
+
+    /// The launched step is answered: `drew` when the executor drew its rows
+    /// on the device; `logits` when it returned logits instead (it has no
+    /// device draw).
+    pub(super) fn step_done(&mut self, drew: bool, logits: bool) {
+        if !drew {
+            if logits && !self.in_flight.is_empty() {
+                self.unsupported = true;
+            }
+            for k in &self.in_flight {
+                if let Some(o) = self.owners.get_mut(k) {
+                    o.device_len = None;
+                }
+            }
+        }
+        self.in_flight.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u64) -> SeqKey {
+        (RequestId(i), 0)
+    }
+
+    #[test]
+    fn a_slot_is_filled_once_then_follows_its_draws() {
+        let mut s = CountSlots::default();
+        s.reserve([key(1)].iter());
+        assert_eq!(s.capacity(), MIN_SLOTS);
+        assert_eq!(s.claim(key(1), 5), Some((0, true)));
+        s.step_done(true, false);
+        assert_eq!(s.claim(key(1), 6), Some((0, false)));
+        s.step_done(true, false);
+        // A step drawn on the host: the next device draw refills.
+        assert_eq!(s.claim(key(1), 8), Some((0, true)));
+        // That step failed: refill again.
+        s.step_done(false, false);
+        assert_eq!(s.claim(key(1), 9), Some((0, true)));
+        s.step_done(true, false);
+        assert!(s.supported());
+    }
+
+    #[test]
+    fn freed_slots_are_reused_and_growth_refills_everyone() {
+        let mut s = CountSlots::default();
+        let keys: Vec<SeqKey> = (0..8).map(key).collect();
+        s.reserve(keys.iter());
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(s.claim(*k, 3), Some((i as u32, true)));
+        }
+        s.step_done(true, false);
+        assert_eq!(s.claim(key(100), 3), None, "the table is full");
+        s.retain(|k| k.0 != RequestId(2));
+        assert_eq!(s.owned(), 7);
+        s.reserve([key(100)].iter());
+        assert_eq!(s.capacity(), MIN_SLOTS, "a freed slot is enough");
+        assert_eq!(s.claim(key(100), 3), Some((2, true)));
+        s.reserve([key(101), key(102)].iter());
+        assert_eq!(s.capacity(), 2 * MIN_SLOTS);
+        // Grown: the old owners' counts are gone.
+        assert_eq!(s.claim(key(0), 4), Some((0, true)));
+        s.step_done(true, false);
+    }
+
+    #[test]
+    fn logits_for_a_device_step_mean_no_device_draw() {
+        let mut s = CountSlots::default();
+        s.reserve([key(1)].iter());
+        s.claim(key(1), 2);
+        s.step_done(false, true);
+        assert!(!s.supported());
+    }
+}
