@@ -6,7 +6,9 @@
 //! same way with fewer draws (the emulator runs a thread per GPU thread).
 
 use engine::executor::Logits;
-use engine::sampler::device::{emulate_rows, DeviceRow};
+use engine::sampler::device::{
+    emulate_draws, emulate_rows, DeviceDraws, DeviceRow, Fill, Processing,
+};
 use engine::sampler::{ops, sample_row, SamplingParams, SeqContext};
 
 const LOGITS: [f32; 8] = [2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0];
@@ -315,4 +317,163 @@ fn cpu_and_gpu_samplers_draw_the_same_token_from_the_same_logits() {
         }
     }
     assert!(random_draws > 45, "{random_draws} random draws");
+}
+
+/// Sequences with penalties, `min_tokens` suppression and `logit_bias`
+/// drawn step after step by the CPU sampler (from each sequence's history)
+/// and by the emulated device draw (from token counts filled once at the
+/// first step, then updated on the device by each draw): the same token at
+/// every step, logprobs equal up to rounding, and at the end the device's
+/// counts equal the histories'. Fails if the count update, a penalty's
+/// definition or the processing order differs.
+#[test]
+fn penalized_rows_draw_the_same_tokens_on_cpu_and_gpu_step_after_step() {
+    const ROWS: usize = 8;
+    const VOCAB: usize = 48;
+    const STEPS: usize = 14;
+    let d = SamplingParams::default;
+    let params: [SamplingParams; ROWS] = [
+        SamplingParams {
+            repetition_penalty: 1.8,
+            ..d()
+        },
+        SamplingParams {
+            frequency_penalty: 1.5,
+            presence_penalty: 0.5,
+            ..d()
+        },
+        SamplingParams {
+            temperature: 0.9,
+            top_p: 0.9,
+            repetition_penalty: 1.3,
+            frequency_penalty: 0.4,
+            logprobs: Some(3),
+            ..d()
+        },
+        SamplingParams {
+            min_tokens: 5,
+            ..d()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            logit_bias: vec![(7, 5.0), (3, -100.0), (7, 1.0)],
+            logprobs: Some(2),
+            ..d()
+        },
+        SamplingParams {
+            repetition_penalty: 1.5,
+            logit_bias: vec![(11, 2.5)],
+            min_tokens: 3,
+            ..d()
+        },
+        SamplingParams {
+            temperature: 0.7,
+            ..d()
+        },
+        SamplingParams {
+            temperature: 1.2,
+            top_k: Some(10),
+            min_p: 0.05,
+            presence_penalty: 1.0,
+            frequency_penalty: 0.3,
+            ..d()
+        },
+    ];
+    let mut lcg = 0x1234_5678u32;
+    let mut next = move || {
+        lcg = lcg.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        (lcg >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+    };
+    // A steep base row per sequence (greedy would repeat its argmax),
+    // plus a little noise per step.
+    let base: Vec<f32> = (0..ROWS * VOCAB).map(|_| next() * 8.0).collect();
+    // Prompts of 5 tokens (with each row's best token, so repetition bites
+    // at once); sequence 1 starts with 3 output tokens already.
+    let mut hist: Vec<Vec<u32>> = (0..ROWS)
+        .map(|r| {
+            let row = &base[r * VOCAB..(r + 1) * VOCAB];
+            let best = (0..VOCAB).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+            vec![best as u32, 2, 9, (r * 5 % VOCAB) as u32, 2]
+        })
+        .collect();
+    let prompt_len = 5;
+    hist[1].extend([4, 4, 30]);
+    let stop_ids: Vec<Vec<u32>> = (0..ROWS).map(|r| vec![hist[r][0], 40]).collect();
+    let seed = |r: usize| 1000 + r as u64;
+    let mut counts = Vec::new();
+    let mut moved_by_processing = 0;
+    for step in 0..STEPS {
+        let data: Vec<f32> = base.iter().map(|&b| b + next() * 0.5).collect();
+        let mut draws = DeviceDraws {
+            slots: ROWS as u32,
+            ..DeviceDraws::default()
+        };
+        for (r, p) in params.iter().enumerate() {
+            let out_len = hist[r].len() - prompt_len;
+            let mut proc = Processing::of(p, out_len, &stop_ids[r]);
+            if p.has_penalties() {
+                if let Some(q) = proc.as_mut() {
+                    q.slot = Some(r as u32);
+                }
+                if step == 0 {
+                    draws
+                        .fills
+                        .push(Fill::from_tokens(r as u32, &hist[r], prompt_len));
+                }
+            }
+            draws.push(DeviceRow::of(p, seed(r), 0, out_len), proc);
+        }
+        let mut logits = Logits {
+            rows: ROWS,
+            vocab: VOCAB,
+            data: data.clone(),
+        };
+        let gpu = emulate_draws(&mut logits, &draws, &mut counts).expect("emulated draw");
+        assert_eq!(gpu.len(), ROWS);
+        for (r, p) in params.iter().enumerate() {
+            // The engine's CPU path: bias a copy (postprocess), then sample.
+            let mut row = data[r * VOCAB..(r + 1) * VOCAB].to_vec();
+            for &(t, b) in &p.logit_bias {
+                row[t as usize] += b;
+            }
+            let ctx = SeqContext {
+                params: p,
+                tokens: &hist[r],
+                prompt_len,
+                seed: seed(r),
+                seq_index: 0,
+                stop_ids: &stop_ids[r],
+            };
+            let cpu = sample_row(&row, &ctx);
+            assert_eq!(gpu[r].token, cpu.token, "step {step} row {r}: {p:?}");
+            assert!(
+                (gpu[r].logprob - cpu.logprob).abs() < 1e-5,
+                "step {step} row {r} logprob"
+            );
+            let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+            assert_eq!(ids(&gpu[r].top_logprobs), ids(&cpu.top_logprobs));
+            if p.is_greedy() && cpu.token != engine::sampler::Sampler.greedy(&row).token {
+                moved_by_processing += 1;
+            }
+            hist[r].push(cpu.token);
+        }
+    }
+    assert!(
+        moved_by_processing > 10,
+        "processing changed only {moved_by_processing} greedy picks"
+    );
+    for (r, p) in params.iter().enumerate() {
+        if !p.has_penalties() {
+            continue;
+        }
+        let mut want = vec![0u32; VOCAB];
+        for (t, e) in Fill::from_tokens(0, &hist[r], prompt_len).entries {
+            want[t as usize] = e;
+        }
+        assert_eq!(
+            &counts[r * VOCAB..(r + 1) * VOCAB],
+            &want[..],
+            "row {r}: the device's counts"
+        );
+    }
 }
