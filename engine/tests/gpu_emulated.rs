@@ -7,12 +7,17 @@
 
 mod common;
 
-use common::{assert_pools_full, engine, on_executors, ExecKind, Setup};
+use common::{assert_pools_full, engine, engine_over, executor, on_executors, ExecKind, Setup};
+use engine::executor::{BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, Logits};
+use engine::sampler::device::DeviceDraws;
+use engine::sampler::SampleOut;
 use engine::sampler::SamplingParams;
 use engine::scheduler::{PreemptionMode, RequestId, RequestParams};
 use engine::LlmEngine;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Per (request, sequence index): the generated tokens.
 type Out = BTreeMap<(u64, usize), Vec<u32>>;
@@ -101,5 +106,153 @@ fn the_engine_on_the_emulated_gpu_matches_the_cpu_under_swapping() {
         // The schedule depends only on the requests and the loop's mode.
         let same_mode = results.iter().filter(|r| r.0 .1 == kind.1);
         assert!(same_mode.into_iter().all(|r| r.2 == *swaps), "{kind:?}");
+    }
+}
+
+/// Counts the executor's device draws that use count slots, and the slot
+/// fills they carry; delegates everything.
+struct Spy {
+    inner: Box<dyn Executor>,
+    slot_steps: Arc<AtomicUsize>,
+    fills: Arc<AtomicUsize>,
+}
+
+impl Executor for Spy {
+    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
+        self.inner.execute(ops, batch)
+    }
+    fn execute_greedy(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+    ) -> Result<Option<Vec<GreedyRow>>, ExecError> {
+        self.inner.execute_greedy(ops, batch)
+    }
+    fn execute_sampled(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        draws: &DeviceDraws,
+    ) -> Result<Option<Vec<SampleOut>>, ExecError> {
+        let out = self.inner.execute_sampled(ops, batch, draws)?;
+        if out.is_some() && draws.rows.iter().any(|r| r.slot.is_some()) {
+            self.slot_steps.fetch_add(1, Ordering::Relaxed);
+            self.fills.fetch_add(draws.fills.len(), Ordering::Relaxed);
+        }
+        Ok(out)
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn num_blocks(&self) -> (usize, usize) {
+        self.inner.num_blocks()
+    }
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+}
+
+/// Requests with penalties (greedy and seeded, one of them n = 2, whose
+/// children get their slots after the fork), `min_tokens` before a stop id,
+/// `logit_bias`, and a plain one, in one batch.
+fn penalized_workload(eng: &mut LlmEngine) {
+    let d = SamplingParams::default;
+    let sampling = [
+        SamplingParams {
+            repetition_penalty: 1.6,
+            ..d()
+        },
+        SamplingParams {
+            frequency_penalty: 1.2,
+            presence_penalty: 0.4,
+            ..d()
+        },
+        SamplingParams {
+            temperature: 0.9,
+            seed: Some(11),
+            repetition_penalty: 1.2,
+            presence_penalty: 0.6,
+            logprobs: Some(2),
+            ..d()
+        },
+        SamplingParams {
+            n: 2,
+            temperature: 1.0,
+            seed: Some(5),
+            frequency_penalty: 0.8,
+            ..d()
+        },
+        SamplingParams {
+            min_tokens: 6,
+            logit_bias: vec![(17, 4.0), (99, -50.0)],
+            ..d()
+        },
+        SamplingParams {
+            temperature: 0.8,
+            seed: Some(2),
+            ..d()
+        },
+    ];
+    for (i, s) in sampling.into_iter().enumerate() {
+        let params = RequestParams {
+            max_tokens: Some(12),
+            stop_token_ids: vec![17],
+            sampling: s,
+            ..RequestParams::default()
+        };
+        let prompt: Vec<u32> = (0..7 + i as u32)
+            .map(|j| (j * 37 + i as u32 * 11) % 300 + 3)
+            .collect();
+        eng.add_request(RequestId(i as u64), prompt, params)
+            .expect("accepted");
+    }
+}
+
+/// The engine with penalties, `min_tokens` and `logit_bias` drawn on the
+/// emulated GPU (count slots kept on the device) gives the CPU executor's
+/// tokens, in the synchronous and the overlapped loop; the device draws
+/// did use slots, each sequence filled about once.
+#[test]
+fn penalized_requests_on_the_emulated_gpu_match_the_cpu() {
+    let setup = Setup::default();
+    let results = RefCell::new(Vec::new());
+    on_executors(&[ExecKind::Cpu, ExecKind::Emulated], || {
+        let slot_steps = Arc::new(AtomicUsize::new(0));
+        let fills = Arc::new(AtomicUsize::new(0));
+        let spy = Spy {
+            inner: executor(setup.device_blocks, setup.cpu_blocks, setup.block_size),
+            slot_steps: slot_steps.clone(),
+            fills: fills.clone(),
+        };
+        let mut eng = engine_over(&setup, common::async_scheduling(), Box::new(spy));
+        penalized_workload(&mut eng);
+        let out = run(&mut eng);
+        assert_pools_full(&eng);
+        let kind = common::current_executor();
+        let (steps, fills) = (
+            slot_steps.load(Ordering::Relaxed),
+            fills.load(Ordering::Relaxed),
+        );
+        if kind == ExecKind::Emulated {
+            assert!(steps >= 8, "{steps} device steps with count slots");
+            // 5 sequences with penalties, plus n = 2's second child.
+            assert!((4..=8).contains(&fills), "{fills} slot fills");
+        } else {
+            assert_eq!(steps, 0);
+        }
+        results
+            .borrow_mut()
+            .push((kind, common::async_scheduling(), out));
+    });
+    let results = results.into_inner();
+    let cpu = &results[0].2;
+    assert_eq!(cpu.len(), 7, "{cpu:?}");
+    // min_tokens kept request 4 going past its biased stop id.
+    assert!(cpu[&(4, 0)].len() >= 6, "{cpu:?}");
+    for (kind, overlapped, out) in &results {
+        assert_eq!(
+            out, cpu,
+            "{kind:?} (async: {overlapped}) vs the CPU executor"
+        );
     }
 }
