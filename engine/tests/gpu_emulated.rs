@@ -184,7 +184,7 @@ fn penalized_workload(eng: &mut LlmEngine) {
         },
         SamplingParams {
             min_tokens: 6,
-            logit_bias: vec![(17, 4.0), (99, -50.0)],
+            logit_bias: vec![(17, 40.0), (99, -50.0)],
             ..d()
         },
         SamplingParams {
@@ -247,8 +247,11 @@ fn penalized_requests_on_the_emulated_gpu_match_the_cpu() {
     let results = results.into_inner();
     let cpu = &results[0].2;
     assert_eq!(cpu.len(), 7, "{cpu:?}");
-    // min_tokens kept request 4 going past its biased stop id.
-    assert!(cpu[&(4, 0)].len() >= 6, "{cpu:?}");
+    // Request 4's bias makes its stop id the argmax: suppressed for the
+    // first 6 tokens, drawn at once after.
+    assert_eq!(cpu[&(4, 0)].len(), 7, "{cpu:?}");
+    assert_eq!(cpu[&(4, 0)][6], 17);
+    assert!(!cpu[&(4, 0)][..6].contains(&17));
     for (kind, overlapped, out) in &results {
         assert_eq!(
             out, cpu,
