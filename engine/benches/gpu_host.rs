@@ -1,8 +1,10 @@
 //! Host side of the GPU executor, without a GPU (issue 14, item 7).
 //!
-//! `cargo bench -p engine --bench gpu_host [-- SEQS STEPS [--sampled]]`
-//! (defaults 256, 64; `--sampled`: temperature 0.8, top_p 0.95 instead of
-//! greedy, drawn on the device by `Executor::execute_sampled`)
+//! `cargo bench -p engine --bench gpu_host [-- SEQS STEPS [--sampled]
+//! [--penalties]]` (defaults 256, 64; `--sampled`: temperature 0.8, top_p
+//! 0.95 instead of greedy, drawn on the device by `Executor::execute_sampled`;
+//! `--penalties`: also repetition 1.1, frequency 0.2 and presence 0.1, with
+//! the token counts kept on the device, filled at each sequence's first draw)
 //!
 //! The real engine loop (scheduler, paged KV manager, GPU executor, sampler,
 //! postprocessing) runs SmolLM2-135M's shapes in bf16 on a
@@ -244,6 +246,11 @@ fn start(name: &'static str, lens: &[usize], blocks: usize, graphs: bool) -> (Ru
             params.sampling.top_p = 0.95;
             params.sampling.seed = Some(i as u64);
         }
+        if std::env::args().any(|a| a == "--penalties") {
+            params.sampling.repetition_penalty = 1.1;
+            params.sampling.frequency_penalty = 0.2;
+            params.sampling.presence_penalty = 0.1;
+        }
         engine
             .add_request(RequestId(i as u64), prompt, params)
             .expect("request");
@@ -356,10 +363,14 @@ fn main() {
         .map(|(b, a)| (b - a) * 1e6 / (2 * steps) as f64);
     println!(
         "gpu_host: {seqs} sequences ({}), {source}: mean prompt {:.0} tokens; {prefill_steps} prefill steps, then {steps} decode steps per mode, the two modes interleaved step by step",
-        if std::env::args().any(|a| a == "--sampled") {
-            "sampled: temperature 0.8, top_p 0.95"
-        } else {
-            "greedy"
+        match (
+            std::env::args().any(|a| a == "--sampled"),
+            std::env::args().any(|a| a == "--penalties"),
+        ) {
+            (true, true) => "sampled: temperature 0.8, top_p 0.95, penalties",
+            (true, false) => "sampled: temperature 0.8, top_p 0.95",
+            (false, true) => "greedy with penalties",
+            (false, false) => "greedy",
         },
         prompt_total as f64 / seqs as f64
     );

@@ -13,18 +13,18 @@
 //!
 //! Invariants:
 //! - a slot has at most one owner; a slot is freed only when its sequence is
-//!   gone or finished, checked when the next device step is planned (after
-//!   every step that could still draw for it was launched: the executor runs
-//!   steps in order, so a refill of a reused slot follows the old owner's
-//!   last increment);
+//!   gone or finished, checked when a device step being planned needs room
+//!   (after every step that could still draw for it was launched: the
+//!   executor runs steps in order, so a refill of a reused slot follows the
+//!   old owner's last increment);
 //! - growing the table (the executor reallocates it zeroed) forgets every
 //!   slot's counts;
 //! - after a step that did not draw on the device, its rows' counts are
 //!   forgotten; if it returned logits instead, the executor has no device
 //!   draw and penalized rows stay on the logits path from then on.
 //!
-//! Cost: O(slots) per planned device step with penalties (the liveness
-//! check), O(1) per row, plus the refills (O(tokens) each).
+//! Cost: O(1) per row with penalties, plus O(slots) liveness checks when a
+//! new sequence finds no free slot, plus the refills (O(tokens) each).
 
 use crate::scheduler::RequestId;
 use std::collections::HashMap;
@@ -86,10 +86,15 @@ impl CountSlots {
         });
     }
 
-    /// Makes room for the sequences of `keys` that hold no slot yet: when the
-    /// table must grow it doubles, and every slot is to be refilled.
-    pub(super) fn reserve<'a>(&mut self, keys: impl Iterator<Item = &'a SeqKey>) {
-        let new = keys.filter(|k| !self.owners.contains_key(k)).count() as u32;
+    /// Makes room for the sequences of `keys` that hold no slot yet: first
+    /// by freeing the slots of sequences no longer `alive` (only when
+    /// needed), then by growing the table (it doubles, and every slot is
+    /// to be refilled).
+    pub(super) fn reserve(&mut self, keys: &[SeqKey], alive: impl Fn(&SeqKey) -> bool) {
+        let new = keys.iter().filter(|k| !self.owners.contains_key(k)).count() as u32;
+        if new > self.free.len() as u32 && self.used + new > self.capacity {
+            self.retain(alive);
+        }
         let need = self.used + new.saturating_sub(self.free.len() as u32);
         if need <= self.capacity {
             return;
@@ -104,9 +109,10 @@ impl CountSlots {
     /// must be filled with the sequence's first `num_tokens` tokens first.
     /// Records the draw as launched. `None`: no room (call [`Self::reserve`]).
     pub(super) fn claim(&mut self, key: SeqKey, num_tokens: usize) -> Option<(u32, bool)> {
-        let owned = match self.owners.get(&key) {
-            Some(o) => *o,
-            None => {
+        use std::collections::hash_map::Entry;
+        let owned = match self.owners.entry(key) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
                 let slot = match self.free.pop() {
                     Some(s) => s,
                     None if self.used < self.capacity => {
@@ -115,20 +121,14 @@ impl CountSlots {
                     }
                     None => return None,
                 };
-                Owned {
+                v.insert(Owned {
                     slot,
                     device_len: None,
-                }
+                })
             }
         };
         let fill = owned.device_len != Some(num_tokens);
-        self.owners.insert(
-            key,
-            Owned {
-                slot: owned.slot,
-                device_len: Some(num_tokens + 1),
-            },
-        );
+        owned.device_len = Some(num_tokens + 1);
         self.in_flight.push(key);
         Some((owned.slot, fill))
     }
@@ -162,7 +162,7 @@ mod tests {
     #[test]
     fn a_slot_is_filled_once_then_follows_its_draws() {
         let mut s = CountSlots::default();
-        s.reserve([key(1)].iter());
+        s.reserve(&[key(1)], |_| true);
         assert_eq!(s.capacity(), MIN_SLOTS);
         assert_eq!(s.claim(key(1), 5), Some((0, true)));
         s.step_done(true, false);
@@ -181,18 +181,18 @@ mod tests {
     fn freed_slots_are_reused_and_growth_refills_everyone() {
         let mut s = CountSlots::default();
         let keys: Vec<SeqKey> = (0..8).map(key).collect();
-        s.reserve(keys.iter());
+        s.reserve(&keys, |_| true);
         for (i, k) in keys.iter().enumerate() {
             assert_eq!(s.claim(*k, 3), Some((i as u32, true)));
         }
         s.step_done(true, false);
         assert_eq!(s.claim(key(100), 3), None, "the table is full");
-        s.retain(|k| k.0 != RequestId(2));
+        // Full: the dead sequence's slot is freed for the new one.
+        s.reserve(&[key(100)], |k| k.0 != RequestId(2));
         assert_eq!(s.owned(), 7);
-        s.reserve([key(100)].iter());
         assert_eq!(s.capacity(), MIN_SLOTS, "a freed slot is enough");
         assert_eq!(s.claim(key(100), 3), Some((2, true)));
-        s.reserve([key(101), key(102)].iter());
+        s.reserve(&[key(101), key(102)], |_| true);
         assert_eq!(s.capacity(), 2 * MIN_SLOTS);
         // Grown: the old owners' counts are gone.
         assert_eq!(s.claim(key(0), 4), Some((0, true)));
@@ -202,7 +202,7 @@ mod tests {
     #[test]
     fn logits_for_a_device_step_mean_no_device_draw() {
         let mut s = CountSlots::default();
-        s.reserve([key(1)].iter());
+        s.reserve(&[key(1)], |_| true);
         s.claim(key(1), 2);
         s.step_done(false, true);
         assert!(!s.supported());

@@ -260,14 +260,13 @@ impl LlmEngine {
                 return None;
             }
             let scheduler = &self.scheduler;
-            self.count_slots.retain(|&(id, i)| {
+            let keys: Vec<_> = penalized().collect();
+            self.count_slots.reserve(&keys, |&(id, i)| {
                 scheduler
                     .group(id)
                     .and_then(|g| g.seqs.get(i))
                     .is_some_and(|s| !s.is_finished())
             });
-            let keys: Vec<_> = penalized().collect();
-            self.count_slots.reserve(keys.iter());
         }
         let mut draws = DeviceDraws::default();
         for (i, (row, mut processing, pen)) in plan.into_iter().enumerate() {

@@ -355,7 +355,7 @@ impl DeviceDraws {
                 self.rows.len()
             ));
         }
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = vec![false; self.slots as usize];
         for (i, r) in self.rows.iter().enumerate() {
             if let Some(p) = r.processed {
                 let ok = self
@@ -367,7 +367,10 @@ impl DeviceDraws {
                 }
             }
             if let Some(s) = r.slot {
-                if s >= self.slots || !seen.insert(s) || r.processed.is_none() {
+                let first = seen
+                    .get_mut(s as usize)
+                    .is_some_and(|x| !std::mem::replace(x, true));
+                if !first || r.processed.is_none() {
                     return Err(format!("row {i}: slot {s} out of range or used twice"));
                 }
             }
