@@ -9,8 +9,7 @@ mod common;
 
 use common::{assert_pools_full, engine, engine_over, executor, on_executors, ExecKind, Setup};
 use engine::executor::{BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, Logits};
-use engine::sampler::device::DeviceDraws;
-use engine::sampler::SampleOut;
+use engine::sampler::device::{DeviceDraws, DeviceOut};
 use engine::sampler::SamplingParams;
 use engine::scheduler::{PreemptionMode, RequestId, RequestParams};
 use engine::LlmEngine;
@@ -23,13 +22,23 @@ use std::sync::Arc;
 type Out = BTreeMap<(u64, usize), Vec<u32>>;
 
 fn run(eng: &mut LlmEngine) -> Out {
+    run_scored(eng).0
+}
+
+/// [`run`], plus each request's prompt logprobs: (token, logprob).
+fn run_scored(eng: &mut LlmEngine) -> (Out, BTreeMap<u64, Vec<(u32, f32)>>) {
     let mut out = Out::new();
+    let mut scored = BTreeMap::new();
     for _ in 0..10_000 {
         if !eng.has_unfinished() {
-            return out;
+            return (out, scored);
         }
         for o in eng.step() {
             assert!(o.error.is_none(), "{:?}", o.error);
+            if let Some(p) = &o.prompt_logprobs {
+                let ids = p.iter().flatten().map(|e| (e.token, e.logprob)).collect();
+                scored.insert(o.request_id.0, ids);
+            }
             for s in o.seqs {
                 out.entry((o.request_id.0, s.index))
                     .or_default()
@@ -109,12 +118,14 @@ fn the_engine_on_the_emulated_gpu_matches_the_cpu_under_swapping() {
     }
 }
 
-/// Counts the executor's device draws that use count slots, and the slot
-/// fills they carry; delegates everything.
+/// Counts the executor's device draws that use count slots, the slot
+/// fills they carry, and the mixed steps (some rows drawn by the host);
+/// delegates everything.
 struct Spy {
     inner: Box<dyn Executor>,
     slot_steps: Arc<AtomicUsize>,
     fills: Arc<AtomicUsize>,
+    mixed_steps: Arc<AtomicUsize>,
 }
 
 impl Executor for Spy {
@@ -133,11 +144,14 @@ impl Executor for Spy {
         ops: &BlockOps,
         batch: &ForwardBatch,
         draws: &DeviceDraws,
-    ) -> Result<Option<Vec<SampleOut>>, ExecError> {
+    ) -> Result<Option<DeviceOut>, ExecError> {
         let out = self.inner.execute_sampled(ops, batch, draws)?;
         if out.is_some() && draws.rows.iter().any(|r| r.slot.is_some()) {
             self.slot_steps.fetch_add(1, Ordering::Relaxed);
             self.fills.fetch_add(draws.fills.len(), Ordering::Relaxed);
+        }
+        if out.is_some() && !draws.host_rows.is_empty() {
+            self.mixed_steps.fetch_add(1, Ordering::Relaxed);
         }
         Ok(out)
     }
@@ -154,7 +168,9 @@ impl Executor for Spy {
 
 /// Requests with penalties (greedy and seeded, one of them n = 2, whose
 /// children get their slots after the fork), `min_tokens` before a stop id,
-/// `logit_bias`, and a plain one, in one batch.
+/// `logit_bias`, and a plain one, in one batch; then (ids 6 and 7) a beam
+/// search and a `prompt_logprobs` request, whose rows the host draws from
+/// their own logits while the others are drawn on the device.
 fn penalized_workload(eng: &mut LlmEngine) {
     let d = SamplingParams::default;
     let sampling = [
@@ -206,12 +222,37 @@ fn penalized_workload(eng: &mut LlmEngine) {
         eng.add_request(RequestId(i as u64), prompt, params)
             .expect("accepted");
     }
+    let beam = RequestParams {
+        max_tokens: Some(6),
+        sampling: SamplingParams {
+            n: 2,
+            best_of: Some(2),
+            use_beam_search: true,
+            ..d()
+        },
+        ..RequestParams::default()
+    };
+    eng.add_request(RequestId(6), vec![40, 41, 42, 43, 44], beam)
+        .expect("accepted");
+    let scored = RequestParams {
+        max_tokens: Some(5),
+        sampling: SamplingParams {
+            prompt_logprobs: Some(2),
+            temperature: 0.5,
+            seed: Some(8),
+            ..d()
+        },
+        ..RequestParams::default()
+    };
+    eng.add_request(RequestId(7), vec![60, 61, 62, 63, 64, 65], scored)
+        .expect("accepted");
 }
 
 /// The engine with penalties, `min_tokens` and `logit_bias` drawn on the
-/// emulated GPU (count slots kept on the device) gives the CPU executor's
-/// tokens, in the synchronous and the overlapped loop; the device draws
-/// did use slots, each sequence filled about once.
+/// emulated GPU (count slots kept on the device), beside beam search and
+/// prompt logprobs drawn by the host in the same (mixed) steps, gives the
+/// CPU executor's tokens, in the synchronous and the overlapped loop; the
+/// device draws did use slots, each sequence filled about once.
 #[test]
 fn penalized_requests_on_the_emulated_gpu_match_the_cpu() {
     let setup = Setup::default();
@@ -219,43 +260,58 @@ fn penalized_requests_on_the_emulated_gpu_match_the_cpu() {
     on_executors(&[ExecKind::Cpu, ExecKind::Emulated], || {
         let slot_steps = Arc::new(AtomicUsize::new(0));
         let fills = Arc::new(AtomicUsize::new(0));
+        let mixed = Arc::new(AtomicUsize::new(0));
         let spy = Spy {
             inner: executor(setup.device_blocks, setup.cpu_blocks, setup.block_size),
             slot_steps: slot_steps.clone(),
             fills: fills.clone(),
+            mixed_steps: mixed.clone(),
         };
         let mut eng = engine_over(&setup, common::async_scheduling(), Box::new(spy));
         penalized_workload(&mut eng);
-        let out = run(&mut eng);
+        let (out, scored) = run_scored(&mut eng);
+        // The prompt row of every position after the first, scored once.
+        let ids: Vec<u32> = scored
+            .get(&7)
+            .map_or(Vec::new(), |v| v.iter().map(|x| x.0).collect());
+        assert_eq!(ids, vec![61, 62, 63, 64, 65]);
         assert_pools_full(&eng);
         let kind = common::current_executor();
         let (steps, fills) = (
             slot_steps.load(Ordering::Relaxed),
             fills.load(Ordering::Relaxed),
         );
+        let mixed = mixed.load(Ordering::Relaxed);
         if kind == ExecKind::Emulated {
+            assert!(mixed >= 4, "{mixed} mixed steps");
             assert!(steps >= 8, "{steps} device steps with count slots");
             // 5 sequences with penalties, plus n = 2's second child.
             assert!((4..=8).contains(&fills), "{fills} slot fills");
         } else {
-            assert_eq!(steps, 0);
+            assert_eq!((steps, mixed), (0, 0));
         }
         results
             .borrow_mut()
-            .push((kind, common::async_scheduling(), out));
+            .push((kind, common::async_scheduling(), out, scored));
     });
     let results = results.into_inner();
-    let cpu = &results[0].2;
-    assert_eq!(cpu.len(), 7, "{cpu:?}");
+    let (cpu, cpu_scored) = (&results[0].2, &results[0].3[&7]);
+    assert_eq!(cpu.len(), 10, "{cpu:?}");
     // Request 4's bias makes its stop id the argmax: suppressed for the
     // first 6 tokens, drawn at once after.
     assert_eq!(cpu[&(4, 0)].len(), 7, "{cpu:?}");
     assert_eq!(cpu[&(4, 0)][6], 17);
     assert!(!cpu[&(4, 0)][..6].contains(&17));
-    for (kind, overlapped, out) in &results {
+    for (kind, overlapped, out, scored) in &results {
         assert_eq!(
             out, cpu,
             "{kind:?} (async: {overlapped}) vs the CPU executor"
         );
+        for (g, c) in scored[&7].iter().zip(cpu_scored) {
+            assert!(
+                (g.1 - c.1).abs() < 1e-3,
+                "{kind:?} prompt logprob {g:?} vs {c:?}"
+            );
+        }
     }
 }

@@ -428,7 +428,9 @@ fn penalized_rows_draw_the_same_tokens_on_cpu_and_gpu_step_after_step() {
             vocab: VOCAB,
             data: data.clone(),
         };
-        let gpu = emulate_draws(&mut logits, &draws, &mut counts).expect("emulated draw");
+        let gpu = emulate_draws(&mut logits, &draws, &mut counts)
+            .expect("emulated draw")
+            .rows;
         assert_eq!(gpu.len(), ROWS);
         for (r, p) in params.iter().enumerate() {
             // The engine's CPU path: bias a copy (postprocess), then sample.

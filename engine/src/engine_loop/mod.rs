@@ -28,6 +28,7 @@
 mod beam;
 mod count_slots;
 mod handle;
+mod mixed;
 mod output;
 mod overlap;
 mod postprocess;

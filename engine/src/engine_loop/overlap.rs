@@ -45,7 +45,6 @@ use super::{mask_work, place_masks, push_refused, LlmEngine, Outputs, RequestOut
 use crate::error::EngineError;
 use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch, Logits};
 use crate::grammar::Mask;
-use crate::sampler::SampleOut;
 use crate::scheduler::{RequestId, SampleTarget, SchedulerOutput, SeqStatus, SequenceGroup};
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -69,8 +68,9 @@ pub struct OverlapStats {
 
 /// What the executor answered for one step.
 pub(super) enum StepResult {
-    /// Each sampled row's draw made by the executor (`DevicePath`).
-    Device(Vec<SampleOut>),
+    /// Each sampled row's draw made by the executor (`DevicePath`), with
+    /// the logits of the rows the host draws (a mixed step).
+    Device(crate::sampler::device::DeviceOut),
     Logits(Logits),
 }
 

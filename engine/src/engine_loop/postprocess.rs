@@ -29,7 +29,7 @@ use super::{finish_reason, LlmEngine, Outputs};
 use crate::error::EngineError;
 use crate::executor::{ExecError, Executor, Logits};
 use crate::grammar::Mask;
-use crate::sampler::device::{DeviceDraws, DeviceRow, Fill, Processing};
+use crate::sampler::device::{DeviceDraws, DeviceOut, DeviceRow, Fill, Processing};
 use crate::sampler::{
     greedy_on_device, prompt_logprob, sample_row, top_logprobs, SampleOut, SeqContext,
 };
@@ -101,14 +101,9 @@ impl LlmEngine {
         );
         let rows = sched.targets.len() + sched.prompt_targets.len();
         match result {
-            Ok(StepResult::Device(g)) if g.len() == sched.targets.len() => Sampled::Device(g),
-            Ok(StepResult::Device(g)) => Sampled::Failed(EngineError::Executor(format!(
-                "{} device rows for {} sampled rows",
-                g.len(),
-                sched.targets.len()
-            ))),
+            Ok(StepResult::Device(out)) => self.device_result(sched, out),
             Ok(StepResult::Logits(logits)) if logits.rows == rows => {
-                self.apply_prompt_rows(sched, &logits);
+                self.apply_prompt_rows(sched, &logits, sched.targets.len());
                 let drawn = self.draw_rows(&sched.targets, &logits, masks);
                 Sampled::Drawn(drawn, logits)
             }
@@ -216,21 +211,31 @@ impl LlmEngine {
             })
     }
 
-    /// Each row's device draw, or `None` when a row needs the logits path
-    /// (beam search, a group about to fork, a grammar), the step has prompt
-    /// rows, or a row has penalties and the executor cannot keep counts.
-    /// Rows with penalties get a count slot, filled from their sequence's
-    /// tokens when the device's counts do not hold them.
+    /// Each row's device draw, or `None` when the step takes the logits
+    /// path: a row has a grammar, a row has penalties and the executor
+    /// cannot keep counts, or no row is drawn on the device. Rows the host
+    /// draws (beam search, a group about to fork, prompt rows) are
+    /// `host_rows`: a mixed step. Rows with penalties get a count slot,
+    /// filled from their sequence's tokens when the device's counts do not
+    /// hold them.
     fn device_rows(&mut self, sched: &SchedulerOutput) -> Option<DeviceDraws> {
-        if sched.targets.is_empty() || !sched.prompt_targets.is_empty() {
+        if sched.targets.is_empty() {
             return None;
         }
+        // Host rows' device draws are unused: the cheapest draw.
+        let unused = DeviceRow::of(&crate::sampler::SamplingParams::default(), 0, 0, 0);
+        let mut host_rows = Vec::new();
         let mut plan = Vec::with_capacity(sched.targets.len());
         for (i, t) in sched.targets.iter().enumerate() {
             let g = self.scheduler.group(t.request_id)?;
             let p = &g.params.sampling;
-            if p.use_beam_search || needs_fork(g) || p.structured.is_some() {
+            if p.structured.is_some() {
                 return None;
+            }
+            if p.use_beam_search || needs_fork(g) {
+                host_rows.push(i as u32);
+                plan.push((unused, None, false));
+                continue;
             }
             let s = g.seqs.get(t.seq_index)?;
             // The count when scheduled, not now: with asynchronous
@@ -249,6 +254,11 @@ impl LlmEngine {
             }
             plan.push((row, processing, p.has_penalties()));
         }
+        if host_rows.len() == sched.targets.len() {
+            return None;
+        }
+        let first_prompt_row = sched.targets.len() as u32;
+        host_rows.extend((0..sched.prompt_targets.len() as u32).map(|j| first_prompt_row + j));
         let penalized = || {
             plan.iter()
                 .zip(&sched.targets)
@@ -268,7 +278,10 @@ impl LlmEngine {
                     .is_some_and(|s| !s.is_finished())
             });
         }
-        let mut draws = DeviceDraws::default();
+        let mut draws = DeviceDraws {
+            host_rows,
+            ..DeviceDraws::default()
+        };
         for (i, (row, mut processing, pen)) in plan.into_iter().enumerate() {
             if let (true, Some(p)) = (pen, processing.as_mut()) {
                 let t = &sched.targets[i];
@@ -286,6 +299,9 @@ impl LlmEngine {
                 }
             }
             draws.push(row, processing);
+        }
+        for _ in &sched.prompt_targets {
+            draws.push(unused, None);
         }
         draws.slots = self.count_slots.capacity();
         Some(draws)
@@ -316,11 +332,15 @@ impl LlmEngine {
         self.scheduler.record_generated(appended);
     }
 
-    /// Scores this step's prompt rows (in parallel) and records them in
-    /// their groups.
-    pub(super) fn apply_prompt_rows(&mut self, sched: &SchedulerOutput, logits: &Logits) {
+    /// Scores this step's prompt rows (in parallel; prompt row `i` is
+    /// `logits` row `base + i`) and records them in their groups.
+    pub(super) fn apply_prompt_rows(
+        &mut self,
+        sched: &SchedulerOutput,
+        logits: &Logits,
+        base: usize,
+    ) {
         use rayon::prelude::*;
-        let base = sched.targets.len();
         let work: Vec<(usize, u32, usize)> = sched
             .prompt_targets
             .iter()
@@ -344,7 +364,10 @@ impl LlmEngine {
 
     /// Splits rows into draws (one per sequence, `width` for a group about
     /// to fork) and beam rows.
-    fn plan_draws(&self, targets: &[SampleTarget]) -> (Vec<Draw>, Vec<(usize, SampleTarget)>) {
+    pub(super) fn plan_draws(
+        &self,
+        targets: &[SampleTarget],
+    ) -> (Vec<Draw>, Vec<(usize, SampleTarget)>) {
         let mut draws = Vec::with_capacity(targets.len());
         let mut beams = Vec::new();
         for (row, t) in targets.iter().enumerate() {
@@ -375,7 +398,7 @@ impl LlmEngine {
 
     /// Runs the draws, in parallel when there are several. A draw for a
     /// fork-to-be uses the parent's history and its own stream.
-    fn run_draws(
+    pub(super) fn run_draws(
         &self,
         draws: &[Draw],
         logits: &Logits,
@@ -646,12 +669,14 @@ pub(super) fn run_on_device(
     ops: &crate::executor::BlockOps,
     batch: &crate::executor::ForwardBatch,
     path: &DevicePath,
-) -> Result<Option<Vec<SampleOut>>, ExecError> {
+) -> Result<Option<DeviceOut>, ExecError> {
     match path {
         DevicePath::Logits => Ok(None),
-        DevicePath::Greedy => Ok(executor
-            .execute_greedy(ops, batch)?
-            .map(|rows| rows.iter().map(SampleOut::from).collect())),
+        DevicePath::Greedy => Ok(executor.execute_greedy(ops, batch)?.map(|rows| DeviceOut {
+            rows: rows.iter().map(SampleOut::from).collect(),
+            host_rows: Vec::new(),
+            logits: None,
+        })),
         DevicePath::Sampled(rows) => executor.execute_sampled(ops, batch, rows),
     }
 }

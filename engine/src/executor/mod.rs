@@ -43,15 +43,15 @@ pub trait Executor: Send {
     /// Runs the step like [`Executor::execute`] and draws each logits row
     /// where the logits are, with `draws.rows[i]`'s parameters and
     /// processing (see `sampler::device`): on a GPU only each row's token,
-    /// logprob and top logprobs leave the device. `draws.rows` has one entry
-    /// per logits row. `Ok(None)`: this executor has no such path and ran
+    /// logprob and top logprobs leave the device, plus the logits of
+    /// `draws.host_rows`. `draws.rows` has one entry per logits row. `Ok(None)`: this executor has no such path and ran
     /// nothing; call `execute` and sample on the CPU.
     fn execute_sampled(
         &mut self,
         _ops: &BlockOps,
         _batch: &ForwardBatch,
         _draws: &crate::sampler::device::DeviceDraws,
-    ) -> Result<Option<Vec<crate::sampler::SampleOut>>, ExecError> {
+    ) -> Result<Option<crate::sampler::device::DeviceOut>, ExecError> {
         Ok(None)
     }
 

@@ -8,9 +8,11 @@
 //! Device rows: temperature (0 = argmax), top-k, top-p, min-p, the seeded
 //! draw, up to [`MAX_LOGPROBS`] top logprobs, and ([`Processing`]) the three
 //! penalties from token counts kept on the device, `logit_bias` and
-//! `min_tokens` suppression (`gpu_kernels::penalty`). Rows that keep the
-//! logits path (the CPU sampler): grammar masks, beam search, the first
-//! draws of a forking group, and steps with prompt-logprob rows.
+//! `min_tokens` suppression (`gpu_kernels::penalty`). Rows the host draws
+//! ([`DeviceDraws::host_rows`]: only their logits come back, copied on the
+//! device before any processing): beam search, the first draws of a forking
+//! group, prompt-logprob rows. Grammar masks keep the whole step on the
+//! logits path.
 //!
 //! Invariants: for a supported row, [`emulate_draws`] and
 //! [`super::sample_row`] give the same token (same definition, same Philox
@@ -164,10 +166,14 @@ impl Fill {
 }
 
 /// One step's device draw: a row per logits row, the processed rows, the
-/// slots to fill first, and how many slots the count table must hold.
+/// slots to fill first, how many slots the count table must hold, and the
+/// rows whose logits the host needs too (a mixed step).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeviceDraws {
     pub rows: Vec<DeviceRow>,
+    /// Logits rows returned as they are (ascending; unprocessed rows):
+    /// beam search, forks, prompt logprobs. Their device draws are unused.
+    pub host_rows: Vec<u32>,
     /// `(row, processing)`: the processed copies, in order.
     pub processed: Vec<(u32, Processing)>,
     pub fills: Vec<Fill>,
@@ -182,11 +188,25 @@ pub struct Layout {
     pub lists: usize,
     pub fills: usize,
     pub pairs: usize,
+    /// The host rows as `penalize_rows` rows that copy and change nothing.
+    pub gather: usize,
+}
+
+/// What a device draw returns: one draw per logits row, and the host
+/// rows' logits (`DeviceDraws::host_rows`, in that order) when it has any.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceOut {
+    pub rows: Vec<SampleOut>,
+    /// `DeviceDraws::host_rows`.
+    pub host_rows: Vec<u32>,
+    pub logits: Option<Logits>,
 }
 
 /// Device addresses of a step's buffers (host addresses on the emulator).
 #[derive(Debug, Clone, Copy)]
 pub struct Buffers {
+    /// `host_rows x vocab` f32 (the host rows' copies).
+    pub gather: u64,
     /// `rows x out_stride(n_top)` f32.
     pub out: u64,
     /// `rows x vocab` f32 (biased in place).
@@ -290,19 +310,39 @@ impl DeviceDraws {
         for f in &self.fills {
             words.extend(f.entries.iter().flat_map(|&(t, e)| [t, e]));
         }
+        let gather = words.len();
+        for &row in &self.host_rows {
+            words.extend([row, NO_SLOT, 1f32.to_bits(), 0, 0, 0, 0, 0, 0]);
+        }
         Layout {
             processed,
             lists,
             fills,
             pairs,
+            gather,
         }
     }
 
-    /// The step's launches in order: fills, processing, the draw.
+    /// The step's launches in order: the host rows' copies (before any
+    /// bias lands in place), fills, processing, the draw.
     pub fn launches(&self, layout: Layout, b: Buffers, vocab: usize, threads: u32) -> Vec<Launch> {
         let at = |words: usize| KernelArg::Ptr(b.words + 4 * words as u64);
         let v = KernelArg::U32(vocab as u32);
-        let mut out = Vec::with_capacity(3);
+        let mut out = Vec::with_capacity(4);
+        if !self.host_rows.is_empty() {
+            out.push(Launch {
+                stage: Stage::Penalize,
+                cfg: gpu_kernels::launch::per_row(self.host_rows.len() as u32, threads),
+                args: vec![
+                    KernelArg::Ptr(b.gather),
+                    KernelArg::Ptr(b.logits),
+                    KernelArg::Ptr(b.counts),
+                    at(layout.gather),
+                    at(layout.gather),
+                    v,
+                ],
+            });
+        }
         if !self.fills.is_empty() {
             out.push(Launch {
                 stage: Stage::Fill,
@@ -378,6 +418,15 @@ impl DeviceDraws {
         if let Some(f) = self.fills.iter().find(|f| f.slot >= self.slots) {
             return Err(format!("fill of slot {} past {} slots", f.slot, self.slots));
         }
+        let ascending = self.host_rows.windows(2).all(|w| w[0] < w[1]);
+        let plain = self.host_rows.iter().all(|&h| {
+            self.rows
+                .get(h as usize)
+                .is_some_and(|r| r.processed.is_none())
+        });
+        if !ascending || !plain {
+            return Err("host rows not ascending, past the rows, or processed".into());
+        }
         Ok(())
     }
 }
@@ -414,7 +463,7 @@ pub fn emulate_rows(logits: &Logits, rows: &[DeviceRow]) -> Vec<SampleOut> {
         data: logits.data[..r * logits.vocab].to_vec(),
     };
     let draws = DeviceDraws::plain(rows[..r].to_vec());
-    emulate_draws(&mut copy, &draws, &mut Vec::new()).unwrap_or_default()
+    emulate_draws(&mut copy, &draws, &mut Vec::new()).map_or_else(|_| Vec::new(), |o| o.rows)
 }
 
 /// Runs a step's draws on the host emulator, as the GPU executor does on
@@ -424,10 +473,14 @@ pub fn emulate_draws(
     logits: &mut Logits,
     draws: &DeviceDraws,
     counts: &mut Vec<u32>,
-) -> Result<Vec<SampleOut>, String> {
+) -> Result<DeviceOut, String> {
     draws.check(logits.rows)?;
     if draws.rows.is_empty() {
-        return Ok(Vec::new());
+        return Ok(DeviceOut {
+            rows: Vec::new(),
+            host_rows: Vec::new(),
+            logits: None,
+        });
     }
     let vocab = logits.vocab;
     let n_top = draws.top_n();
@@ -436,7 +489,9 @@ pub fn emulate_draws(
     counts.resize((draws.slots as usize * vocab).max(counts.len()), 0);
     let mut draw = vec![0f32; draws.processed.len() * vocab];
     let mut out = vec![0f32; draws.rows.len() * out_stride(n_top)];
+    let mut gather = vec![0f32; draws.host_rows.len() * vocab];
     let bufs = Buffers {
+        gather: gather.as_mut_ptr() as u64,
         out: out.as_mut_ptr() as u64,
         logits: logits.data.as_mut_ptr() as u64,
         draw: draw.as_mut_ptr() as u64,
@@ -444,15 +499,29 @@ pub fn emulate_draws(
         words: words.as_ptr() as u64,
     };
     for l in draws.launches(layout, bufs, vocab, 32) {
-        // SAFETY: `check` passed, so every row, processed row and slot the
-        // words name is inside `logits` (`rows x vocab`), `draw`
-        // (`processed x vocab`) and `counts` (`slots x vocab`); `words` is
+        // SAFETY: `check` passed, so every row, processed row, host row and
+        // slot the words name is inside `logits` (`rows x vocab`), `draw`
+        // (`processed x vocab`), `gather` (`host_rows x vocab`) and `counts`
+        // (`slots x vocab`); `words` is
         // the packed buffer the offsets index; `out` holds `rows x
         // out_stride(n_top)` with `n_top <= MAX_LOGPROBS = MAX_TOP_N`.
         unsafe { gpu_kernels::entries::emulate(l.stage.kernel(), l.cfg, &l.args) }
             .map_err(|e| format!("{}: {e:?}", l.stage.kernel()))?;
     }
-    Ok(unpack(&out, &draws.rows, n_top))
+    Ok(DeviceOut {
+        rows: unpack(&out, &draws.rows, n_top),
+        host_rows: draws.host_rows.clone(),
+        logits: host_logits(&draws.host_rows, vocab, gather),
+    })
+}
+
+/// The host rows' logits as downloaded (`None` when there are none).
+pub fn host_logits(host_rows: &[u32], vocab: usize, data: Vec<f32>) -> Option<Logits> {
+    (!host_rows.is_empty()).then(|| Logits {
+        rows: host_rows.len(),
+        vocab,
+        data,
+    })
 }
 
 #[cfg(test)]

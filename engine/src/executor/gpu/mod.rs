@@ -45,7 +45,7 @@ pub use emu::EmuDevice;
 use super::{
     BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, HostModel, KvGeometry, Logits,
 };
-use crate::sampler::{device::DeviceDraws, SampleOut};
+use crate::sampler::device::{DeviceDraws, DeviceOut};
 use blocks::KvPools;
 use forward::{Dims, Kernels, Scratch};
 use graphs::Graphs;
@@ -430,7 +430,7 @@ impl<D: Device> Executor for GpuExecutor<D> {
         ops: &BlockOps,
         batch: &ForwardBatch,
         draws: &DeviceDraws,
-    ) -> Result<Option<Vec<SampleOut>>, ExecError> {
+    ) -> Result<Option<DeviceOut>, ExecError> {
         self.sample_step(ops, batch, draws).map(Some)
     }
 

@@ -571,7 +571,8 @@ fn sampled_rows_on_the_device_equal_the_cpu_sampler() {
     let got = gpu
         .execute_sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
         .expect("gpu step")
-        .expect("the GPU executor samples on the device");
+        .expect("the GPU executor samples on the device")
+        .rows;
     assert_eq!(got.len(), 4);
     for (i, (p, r)) in params.iter().zip(&rows).enumerate() {
         let tokens = vec![1u32; 1 + r.step];
