@@ -599,6 +599,73 @@ fn sampled_rows_on_the_device_equal_the_cpu_sampler() {
         .execute_sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
         .expect("cpu")
         .is_none());
+    // A mixed step: rows 1 and 3 come back as logits (the CPU's, to
+    // rounding), row 2 is biased on the device; rows 0 and 2 are drawn there.
+    let mut mixed = DeviceDraws {
+        host_rows: vec![1, 3],
+        ..DeviceDraws::default()
+    };
+    let bias = crate::sampler::device::Processing {
+        slot: None,
+        repetition: 1.0,
+        frequency: 0.0,
+        presence: 0.0,
+        bias: vec![(5, 60.0)],
+        suppress: Vec::new(),
+    };
+    for (i, r) in rows.iter().enumerate() {
+        mixed.push(*r, (i == 2).then(|| bias.clone()));
+    }
+    let out = gpu
+        .execute_sampled(&none, &b, &mixed)
+        .expect("mixed step")
+        .expect("device path");
+    let host = out.logits.expect("host rows' logits");
+    assert_eq!((host.rows, out.host_rows), (2, vec![1, 3]));
+    for (k, r) in [1, 3].into_iter().enumerate() {
+        let worst = host
+            .row(k)
+            .iter()
+            .zip(logits.row(r))
+            .map(|(g, c)| (g - c).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-3, "host row {r}: off by {worst}");
+    }
+    assert_eq!(out.rows[0].token, got[0].token);
+    // The bias of +60 decides row 2's draw, and its logprob sees it.
+    assert_eq!(out.rows[2].token, 5);
+    assert!(out.rows[2].logprob > -1e-3, "{:?}", out.rows[2]);
+}
+
+/// A mixed step downloads the host rows' logits and every row's draw, in
+/// one download.
+#[test]
+fn a_mixed_step_downloads_only_its_host_rows() {
+    use crate::sampler::device::{DeviceDraws, DeviceRow};
+    use crate::sampler::SamplingParams;
+    let c = config(64);
+    let (mut gpu, counters, b) = counting_five_decode_rows(&c, true);
+    let row = DeviceRow::of(&SamplingParams::default(), 1, 0, 0);
+    let draws = DeviceDraws {
+        rows: vec![row; 5],
+        host_rows: vec![0, 4],
+        ..DeviceDraws::default()
+    };
+    let none = BlockOps::default();
+    gpu.execute(&none, &b).expect("warm-up step");
+    let before = counters.get();
+    gpu.execute_sampled(&none, &b, &draws).expect("mixed step");
+    let step = counters.get().since(&before);
+    assert_eq!(
+        (step.downloads, step.download_bytes),
+        (1, (2 * c.vocab_size * 4 + 5 * 2 * 4) as u64)
+    );
+    // A host row that is not a row is refused before anything runs.
+    let bad = DeviceDraws {
+        host_rows: vec![5],
+        ..draws
+    };
+    assert!(gpu.execute_sampled(&none, &b, &bad).is_err());
 }
 
 #[test]
