@@ -468,7 +468,7 @@ fn penalized_rows_draw_the_same_tokens_on_cpu_and_gpu_step_after_step() {
         if !p.has_penalties() {
             continue;
         }
-        let mut want = vec![0u32; VOCAB];
+        let mut want = [0u32; VOCAB];
         for (t, e) in Fill::from_tokens(0, &hist[r], prompt_len).entries {
             want[t as usize] = e;
         }

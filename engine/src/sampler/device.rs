@@ -517,7 +517,7 @@ pub fn emulate_draws(
 
 /// The host rows' logits as downloaded (`None` when there are none).
 pub fn host_logits(host_rows: &[u32], vocab: usize, data: Vec<f32>) -> Option<Logits> {
-    (!host_rows.is_empty()).then(|| Logits {
+    (!host_rows.is_empty()).then_some(Logits {
         rows: host_rows.len(),
         vocab,
         data,
