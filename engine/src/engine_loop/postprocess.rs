@@ -278,6 +278,24 @@ impl LlmEngine {
                     .is_some_and(|s| !s.is_finished())
             });
         }
+        let draws = self.claim_slots(sched, plan, host_rows);
+        if draws.is_none() {
+            // Claims made before the refusal: forget them (no draw follows).
+            self.count_slots.step_done(false, false);
+        }
+        draws
+    }
+
+    /// The step's [`DeviceDraws`] from its planned rows: each row with
+    /// penalties claims its count slot (room was reserved), and a fill
+    /// where the device's counts do not hold the sequence's tokens.
+    fn claim_slots(
+        &mut self,
+        sched: &SchedulerOutput,
+        plan: Vec<(DeviceRow, Option<Processing>, bool)>,
+        host_rows: Vec<u32>,
+    ) -> Option<DeviceDraws> {
+        let unused = DeviceRow::of(&crate::sampler::SamplingParams::default(), 0, 0, 0);
         let mut draws = DeviceDraws {
             host_rows,
             ..DeviceDraws::default()
