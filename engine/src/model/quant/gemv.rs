@@ -5,7 +5,9 @@
 //! `vec_dot_q4_1_q8_1` scheme, four weight rows at a time so the four
 //! accumulation chains overlap and each activation block is loaded once.
 //!
-//! Types: `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0` here, `Q4_K`, `Q5_K` and `Q6_K` in
+//! Types: `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0` here (AVX2 below, and on
+//! CPUs with AVX-512 F/BW/VNNI the 512-bit kernels of [`zmm`], two blocks
+//! per vector with prefetching), `Q4_K`, `Q5_K` and `Q6_K` in
 //! [`super::gemv_k`], on AVX2 / AVX-512 VNNI; every other type and the
 //! scalar ISA go through the tile path ([`super::tile`]).
 //!
@@ -25,6 +27,8 @@ use model_loader::QuantType;
 use super::act::QuantizedActs;
 #[cfg(target_arch = "x86_64")]
 use super::gemv_k;
+#[cfg(target_arch = "x86_64")]
+mod zmm;
 use super::kernels::Isa;
 use super::{QMatrix, NR};
 
@@ -78,8 +82,10 @@ pub fn dot_rows(
     {
         let vnni = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni;
         // SAFETY: `supported` checked that the CPU has AVX2 + FMA (+F16C,
-        // which every AVX2 CPU has; `Isa::best` checked AVX2/FMA), and VNNI
-        // only when `vnni`. Each row slice holds `k / 32` whole blocks of
+        // which every AVX2 CPU has; `Isa::best` checked AVX2/FMA), VNNI
+        // only when `vnni`, and the 512-bit kernels run only where
+        // `zmm::available` found AVX-512 F/BW/VL/VNNI. The row slices lie in
+        // `w.bytes` (one allocation). Each row slice holds `k / 32` whole blocks of
         // `w.ty`, `qx` k levels, `dx` k / 32 scales, `sx` k / 16 sums
         // (`QuantizedActs::row`, the assert above).
         unsafe {
@@ -119,11 +125,22 @@ pub fn dot_rows(
                     }
                 };
             }
-            match (vnni, row_lo) {
+            macro_rules! call_zmm {
+                ($lo:literal) => {
+                    match w.ty {
+                        QuantType::Q4_0 => zmm::q4::<false, false, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q4_1 => zmm::q4::<true, false, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q5_0 => zmm::q4::<false, true, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q5_1 => zmm::q4::<true, true, $lo>(&rows, qx, lo, dx, sx, res),
+                        _ => zmm::q8::<$lo>(&rows, qx, lo, dx, sx, res),
+                    }
+                };
+            }
+            match (vnni && zmm::available(), row_lo) {
                 (false, false) => call!(q4_avx2, q8_avx2, false),
                 (false, true) => call!(q4_avx2, q8_avx2, true),
-                (true, false) => call!(q4_vnni, q8_vnni, false),
-                (true, true) => call!(q4_vnni, q8_vnni, true),
+                (true, false) => call_zmm!(false),
+                (true, true) => call_zmm!(true),
             }
         }
         true
@@ -139,7 +156,7 @@ pub fn dot_rows(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::kernels::x86::{dot4_avx2, dot4_vnni, hsum};
+    use super::super::kernels::x86::{dot4_avx2, hsum};
     use super::NR;
 
     macro_rules! q4_kernel {
@@ -294,7 +311,5 @@ mod x86 {
     }
 
     q4_kernel!(q4_avx2, dot4_avx2, "avx2,fma,f16c");
-    q4_kernel!(q4_vnni, dot4_vnni, "avx2,fma,f16c,avx512vnni,avx512vl");
     q8_kernel!(q8_avx2, dot4_avx2, "avx2,fma,f16c");
-    q8_kernel!(q8_vnni, dot4_vnni, "avx2,fma,f16c,avx512vnni,avx512vl");
 }
