@@ -29,6 +29,8 @@ use super::act::QuantizedActs;
 use super::gemv_k;
 #[cfg(target_arch = "x86_64")]
 mod zmm;
+#[cfg(target_arch = "x86_64")]
+mod zmm_k;
 use super::kernels::Isa;
 use super::{QMatrix, NR};
 
@@ -100,7 +102,26 @@ pub fn dot_rows(
                     }
                 };
             }
+            let zmm = vnni && zmm::available();
+            match (w.ty, row_lo) {
+                (QuantType::Q4K, false) if zmm => {
+                    zmm_k::q4k::<false, false>(&rows, qx, lo, dx, sx, res)
+                }
+                (QuantType::Q4K, true) if zmm => {
+                    zmm_k::q4k::<false, true>(&rows, qx, lo, dx, sx, res)
+                }
+                (QuantType::Q5K, false) if zmm => {
+                    zmm_k::q4k::<true, false>(&rows, qx, lo, dx, sx, res)
+                }
+                (QuantType::Q5K, true) if zmm => {
+                    zmm_k::q4k::<true, true>(&rows, qx, lo, dx, sx, res)
+                }
+                (QuantType::Q6K, false) if zmm => zmm_k::q6k::<false>(&rows, qx, lo, dx, sx, res),
+                (QuantType::Q6K, true) if zmm => zmm_k::q6k::<true>(&rows, qx, lo, dx, sx, res),
+                _ => {}
+            }
             match (w.ty, vnni) {
+                _ if zmm => {}
                 (QuantType::Q4K, false) => call_k!(q4k_avx2, false),
                 (QuantType::Q4K, true) => call_k!(q4k_vnni, false),
                 (QuantType::Q5K, false) => call_k!(q4k_avx2, true),
@@ -136,7 +157,7 @@ pub fn dot_rows(
                     }
                 };
             }
-            match (vnni && zmm::available(), row_lo) {
+            match (zmm, row_lo) {
                 (false, false) => call!(q4_avx2, q8_avx2, false),
                 (false, true) => call!(q4_avx2, q8_avx2, true),
                 (true, false) => call_zmm!(false),

@@ -34,7 +34,7 @@ use std::sync::OnceLock;
 use super::super::NR;
 
 /// How many groups of [`NR`] rows ahead each row's loop prefetches.
-const PF_GROUPS: usize = 2;
+pub(super) const PF_GROUPS: usize = 2;
 
 /// True when the CPU runs these kernels (checked once).
 pub fn available() -> bool {
@@ -50,13 +50,62 @@ pub fn available() -> bool {
     })
 }
 
-/// A vector of 32 words `f(0..32)` (indices or shift counts).
+/// The 32 words (indices, shift counts) of `a` as a vector.
+#[inline]
 #[target_feature(enable = "avx512f")]
-fn words(f: impl Fn(usize) -> usize) -> __m512i {
-    let a: [i16; 32] = std::array::from_fn(|i| f(i) as i16);
+pub(super) fn words(a: &[i16; 32]) -> __m512i {
     // SAFETY: `a` is 64 readable bytes.
     unsafe { _mm512_loadu_si512(a.as_ptr().cast()) }
 }
+
+/// The 16 lanes (indices) of `a` as a vector.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn lanes(a: &[i32; 16]) -> __m512i {
+    // SAFETY: `a` is 64 readable bytes.
+    unsafe { _mm512_loadu_si512(a.as_ptr().cast()) }
+}
+
+/// `vpermw` indices for a pair of `bs`-byte 4-bit blocks: `[0]` words 0-7
+/// and 8-15 block 0's 16 `qs` bytes (for the low, then the high nibbles),
+/// 16-31 block 1's; `[1]` words 0-7 block 0's `d`, 8-15 block 1's, 16-31
+/// the same for `m` (the word after `d`). Built at compile time.
+const fn q4_idx(bs: usize) -> [[i16; 32]; 2] {
+    let mut a = [[0i16; 32]; 2];
+    let mut i = 0;
+    while i < 32 {
+        a[0][i] = ((i / 16) * bs / 2 + (bs - 16) / 2 + i % 8) as i16;
+        a[1][i] = ((i / 8 % 2) * bs / 2 + i / 16) as i16;
+        i += 1;
+    }
+    a
+}
+
+/// [`q4_idx`] for 18, 20, 22 and 24-byte blocks.
+static Q4_IDX: [[[i16; 32]; 2]; 4] = [q4_idx(18), q4_idx(20), q4_idx(22), q4_idx(24)];
+
+/// `vpsrlvw` counts: 4 on words 8-15 and 24-31 (the high nibbles).
+static NIBBLE_SHIFT: [i16; 32] = {
+    let mut a = [0i16; 32];
+    let mut i = 0;
+    while i < 32 {
+        a[i] = if (i / 8) % 2 == 1 { 4 } else { 0 };
+        i += 1;
+    }
+    a
+};
+
+/// `Q8_0`'s scale words: block 0's `d` (word 0) on words 0-7, block 1's
+/// (word 17) on 8-15.
+static Q8_SIDX: [i16; 32] = {
+    let mut a = [0i16; 32];
+    let mut i = 8;
+    while i < 16 {
+        a[i] = 17;
+        i += 1;
+    }
+    a
+};
 
 /// Mask of the first `n` bytes.
 fn first(n: usize) -> u64 {
@@ -139,16 +188,12 @@ pub unsafe fn q4<const MIN: bool, const FIVE: bool, const LO: bool>(
 ) {
     // d (f16), [m (f16)], [qh (u32)], qs[16].
     let bs = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
-    let (qs_at, qh_at) = (bs - 16, if MIN { 4 } else { 2 });
+    let qh_at = if MIN { 4 } else { 2 };
     let nb = qx.len() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb && (!LO || lo.len() >= 32 * nb));
-    // Words 0-7 and 8-15: block 0's qs (low, then high nibbles); 16-31
-    // block 1's.
-    let qidx = words(|i| (i / 16) * bs / 2 + qs_at / 2 + i % 8);
-    let shift = words(|i| if (i / 8) % 2 == 1 { 4 } else { 0 });
-    // Words 0-7: d of block 0, 8-15: d of block 1, 16-31 the same for m.
-    let sidx = words(|i| (i / 8 % 2) * bs / 2 + i / 16);
+    let idx = &Q4_IDX[(bs - 18) / 2];
+    let (qidx, sidx, shift) = (words(&idx[0]), words(&idx[1]), words(&NIBBLE_SHIFT));
     let (nib, b16) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(16));
     let pf = PF_GROUPS * NR * nb * bs;
     let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
@@ -232,8 +277,7 @@ pub unsafe fn q8<const LO: bool>(
     let nb = qx.len() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * BS));
     debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb && (!LO || lo.len() >= 32 * nb));
-    // Words 0-7: d of block 0 (word 0), 8-15: d of block 1 (word 17).
-    let sidx = words(|i| if i < 8 { 0 } else { BS / 2 });
+    let sidx = words(&Q8_SIDX);
     let flip = _mm512_set1_epi8(-128);
     let pf = PF_GROUPS * NR * nb * BS;
     let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
