@@ -75,7 +75,7 @@ fn thread_seconds() -> f64 {
 
 /// Weight GB/s of `m`-row products on a pool of `threads` (one thread:
 /// per CPU second of that thread; two: per wall second).
-fn rate(w: &QMatrix, act: &QuantizedActs, threads: usize, min_bytes: usize) -> f64 {
+fn rate(w: &QMatrix, act: &QuantizedActs, isa: Isa, threads: usize, min_bytes: usize) -> f64 {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -83,12 +83,12 @@ fn rate(w: &QMatrix, act: &QuantizedActs, threads: usize, min_bytes: usize) -> f
     let mut out = vec![0f32; act.m * w.rows];
     let iters = (min_bytes / w.bytes.len()).max(1);
     pool.install(|| {
-        matmul(act, w, &mut out, w.rows, false, Isa::best());
+        matmul(act, w, &mut out, w.rows, false, isa);
         let mut r: Vec<f64> = (0..ROUNDS)
             .map(|_| {
                 let (t, c) = (Instant::now(), thread_seconds());
                 for _ in 0..iters {
-                    matmul(act, w, &mut out, w.rows, false, Isa::best());
+                    matmul(act, w, &mut out, w.rows, false, isa);
                 }
                 let secs = if threads == 1 {
                     thread_seconds() - c
@@ -111,6 +111,11 @@ fn main() {
         ActPrecision::Two8
     };
     let l2_only = args.iter().any(|a| a == "--l2");
+    let isa = if args.iter().any(|a| a == "--avx2") {
+        Isa::Avx2
+    } else {
+        Isa::best()
+    };
     let mut types: Vec<QuantType> = QuantType::ALL
         .into_iter()
         .filter(|t| args.iter().any(|a| a == t.name()))
@@ -124,10 +129,7 @@ fn main() {
             QuantType::Q6K,
         ];
     }
-    println!(
-        "kernels {:?}, activations {prec:?}, batch 1; weight GB/s, median of {ROUNDS}",
-        Isa::best()
-    );
+    println!("kernels {isa:?}, activations {prec:?}, batch 1; weight GB/s, median of {ROUNDS}");
     for ty in types {
         // K-quants need k % 256 == 0 (SmolLM2's ffn_down: k = 1536).
         let k = if ty.block_len() == 256 { 1536 } else { 576 };
@@ -136,14 +138,14 @@ fn main() {
             .collect();
         let act = QuantizedActs::with_precision(&x, 1, k, prec);
         let small = matrix(ty, k, 256 << 10);
-        let l2 = rate(&small, &act, 1, 256 << 20);
+        let l2 = rate(&small, &act, isa, 1, 256 << 20);
         if l2_only {
             println!("{:<5} k {k:>4}: L2 1 thread {l2:6.1}", ty.name());
             continue;
         }
         let big = matrix(ty, k, 96 << 20);
-        let d1 = rate(&big, &act, 1, 256 << 20);
-        let d2 = rate(&big, &act, 2, 256 << 20);
+        let d1 = rate(&big, &act, isa, 1, 256 << 20);
+        let d2 = rate(&big, &act, isa, 2, 256 << 20);
         println!(
             "{:<5} k {k:>4}: L2 1 thread {l2:6.1}   DRAM 1 thread {d1:6.1}   DRAM 2 threads {d2:6.1}",
             ty.name()

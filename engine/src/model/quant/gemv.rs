@@ -178,7 +178,29 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::kernels::x86::{dot4_avx2, hsum};
+    use super::zmm::PF_GROUPS;
     use super::NR;
+
+    /// `256 dot(w, x) + dot(w, xl)` in 8 i32 lanes (sums of 4 products):
+    /// the `vpmaddwd` by 256 does the shift. The i16 pair sums of
+    /// `vpmaddubsw` stay below 2 * 128 * 127 (no saturation).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_two_avx2<const SIGNED: bool>(w: __m256i, x: __m256i, xl: __m256i) -> __m256i {
+        let (u, x, xl) = if SIGNED {
+            (
+                _mm256_sign_epi8(w, w),
+                _mm256_sign_epi8(x, w),
+                _mm256_sign_epi8(xl, w),
+            )
+        } else {
+            (w, x, xl)
+        };
+        _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(256)),
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, xl), _mm256_set1_epi16(1)),
+        )
+    }
 
     macro_rules! q4_kernel {
         ($name:ident, $dot:ident, $features:literal) => {
@@ -214,6 +236,8 @@ mod x86 {
                 debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
                 debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb);
                 let mask = _mm256_set1_epi8(0x0f);
+                // Prefetch distance: PF_GROUPS groups of NR rows.
+                let pf = PF_GROUPS * NR * nb * bs;
                 let mut acc = [_mm256_setzero_ps(); NR];
                 let mut off = [0f32; NR];
                 let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
@@ -233,6 +257,9 @@ mod x86 {
                         let s = *sx.get_unchecked(2 * c) + *sx.get_unchecked(2 * c + 1);
                         for t in 0..NR {
                             let p = rp[t].add(c * bs);
+                            if c % 2 == 0 {
+                                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
+                            }
                             let dm =
                                 _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
                             let dw = _mm_cvtss_f32(dm);
@@ -247,13 +274,11 @@ mod x86 {
                                 let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), all);
                                 w = _mm256_or_si256(w, _mm256_and_si256(set, b4));
                             }
-                            let mut p = $dot::<false>(w, x);
-                            if LO {
-                                p = _mm256_add_epi32(
-                                    _mm256_slli_epi32::<8>(p),
-                                    $dot::<false>(w, xl),
-                                );
-                            }
+                            let p = if LO {
+                                dot_two_avx2::<false>(w, x, xl)
+                            } else {
+                                $dot::<false>(w, x)
+                            };
                             let prod = _mm256_cvtepi32_ps(p);
                             acc[t] = _mm256_fmadd_ps(prod, _mm256_set1_ps(dw * d), acc[t]);
                             let o = if MIN {
@@ -295,8 +320,10 @@ mod x86 {
                 debug_assert!(rows.iter().all(|r| r.len() >= nb * 34) && dx.len() >= nb);
                 let mut acc = [_mm256_setzero_ps(); NR];
                 let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
+                let pf = PF_GROUPS * NR * nb * 34;
                 for c in 0..nb {
-                    // SAFETY: as in the 4-bit kernel, with 34-byte blocks.
+                    // SAFETY: as in the 4-bit kernel, with 34-byte blocks
+                    // (prefetches never fault).
                     unsafe {
                         let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
                         let xl = if LO {
@@ -307,17 +334,16 @@ mod x86 {
                         let d = *dx.get_unchecked(c);
                         for t in 0..NR {
                             let p = rp[t].add(c * 34);
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
                             let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
                                 p.cast::<u16>().read_unaligned(),
                             ))));
                             let w = _mm256_loadu_si256(p.add(2).cast());
-                            let mut p = $dot::<true>(w, x);
-                            if LO {
-                                p = _mm256_add_epi32(
-                                    _mm256_slli_epi32::<8>(p),
-                                    $dot::<true>(w, xl),
-                                );
-                            }
+                            let p = if LO {
+                                dot_two_avx2::<true>(w, x, xl)
+                            } else {
+                                $dot::<true>(w, x)
+                            };
                             let prod = _mm256_cvtepi32_ps(p);
                             acc[t] = _mm256_fmadd_ps(prod, _mm256_set1_ps(dw * d), acc[t]);
                         }
