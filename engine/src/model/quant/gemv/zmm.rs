@@ -4,7 +4,7 @@
 //!
 //! Per pair of blocks and weight row (4- and 5-bit types): one masked load
 //! of the pair's bytes, one `vpermw` that places each block's 16 `qs` bytes
-//! twice (for the low and the high nibbles), `vpsrlvw` + `vpand` to take
+//! twice (for the low and the high nibbles), a masked `vpsrlw` + `vpand` to take
 //! the nibbles (`Q5_x`: the fifth bits from `qh` as a 64-bit mask, one
 //! masked add), one `vpermw` + `vcvtph2ps` for the two scales `d` (and
 //! mins `m`) on the eight i32 lanes of their block, the integer products
@@ -84,16 +84,10 @@ const fn q4_idx(bs: usize) -> [[i16; 32]; 2] {
 /// [`q4_idx`] for 18, 20, 22 and 24-byte blocks.
 static Q4_IDX: [[[i16; 32]; 2]; 4] = [q4_idx(18), q4_idx(20), q4_idx(22), q4_idx(24)];
 
-/// `vpsrlvw` counts: 4 on words 8-15 and 24-31 (the high nibbles).
-static NIBBLE_SHIFT: [i16; 32] = {
-    let mut a = [0i16; 32];
-    let mut i = 0;
-    while i < 32 {
-        a[i] = if (i / 8) % 2 == 1 { 4 } else { 0 };
-        i += 1;
-    }
-    a
-};
+/// The words shifted right by 4 (8-15 and 24-31: the high nibbles). A
+/// masked immediate shift: `vpsrlvw` through the intrinsic costs a second
+/// instruction (its count >= 16 rule becomes a masked move).
+const HIGH: __mmask32 = 0xff00_ff00;
 
 /// `Q8_0`'s scale words: block 0's `d` (word 0) on words 0-7, block 1's
 /// (word 17) on 8-15.
@@ -193,7 +187,7 @@ pub unsafe fn q4<const MIN: bool, const FIVE: bool, const LO: bool>(
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb && (!LO || lo.len() >= 32 * nb));
     let idx = &Q4_IDX[(bs - 18) / 2];
-    let (qidx, sidx, shift) = (words(&idx[0]), words(&idx[1]), words(&NIBBLE_SHIFT));
+    let (qidx, sidx) = (words(&idx[0]), words(&idx[1]));
     let (nib, b16) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(16));
     let pf = PF_GROUPS * NR * nb * bs;
     let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
@@ -212,10 +206,8 @@ pub unsafe fn q4<const MIN: bool, const FIVE: bool, const LO: bool>(
                 let p = rp[t].add(c * bs);
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
                 let raw = _mm512_maskz_loadu_epi8(kw, p.cast());
-                let mut w = _mm512_and_si512(
-                    _mm512_srlv_epi16(_mm512_permutexvar_epi16(qidx, raw), shift),
-                    nib,
-                );
+                let qs = _mm512_permutexvar_epi16(qidx, raw);
+                let mut w = _mm512_and_si512(_mm512_mask_srli_epi16::<4>(qs, HIGH, qs), nib);
                 if FIVE {
                     let h0 = p.add(qh_at).cast::<u32>().read_unaligned();
                     let h1 = if two {
