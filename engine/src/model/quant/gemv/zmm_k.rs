@@ -21,22 +21,18 @@ use std::arch::x86_64::*;
 
 use super::super::kernels::x86::hsum;
 use super::super::NR;
-use super::zmm::{lanes, words, PF_GROUPS};
+use super::zmm::{lanes, PF_GROUPS};
 
-/// Index and shift tables of the K-quant kernels, built at compile time.
+/// The words of a vector's upper 256 bits (the second copy of `qh`).
+const UPPER: __mmask32 = 0xffff_0000;
+
+/// Index tables of the K-quant kernels, built at compile time.
 struct Tables {
     /// `Q4_K` sub-block pair j: lanes 0-7 take scale 2j, 8-15 scale 2j + 1.
     pair: [[i32; 16]; 4],
-    /// `Q5_K` pair j: bit 2j (2j + 1) of `qh[l]` is bit 4 of value l of
-    /// sub-block 2j (2j + 1): the word shift counts.
-    qh_shift: [[i16; 32]; 4],
     /// Even and odd lanes (the two 16-sums of each sub-block).
     even: [i32; 16],
     odd: [i32; 16],
-    /// `Q6_K`: `qh` shifts for `ql` bytes 0-31 (bits 0-1 / 4-5) and 32-63
-    /// (bits 2-3 / 6-7).
-    sh02: [i16; 32],
-    sh46: [i16; 32],
     /// `Q6_K`'s 64 values at 64 m: lanes 4i..4i+4 take half 4m + i's scale.
     half: [[i32; 16]; 4],
     /// Lane i takes 32-block i / 2 (a half's activation scale).
@@ -46,11 +42,8 @@ struct Tables {
 static T: Tables = {
     let mut t = Tables {
         pair: [[0; 16]; 4],
-        qh_shift: [[0; 32]; 4],
         even: [0; 16],
         odd: [0; 16],
-        sh02: [0; 32],
-        sh46: [0; 32],
         half: [[0; 16]; 4],
         by_half: [0; 16],
     };
@@ -62,11 +55,6 @@ static T: Tables = {
             t.half[j][i] = (4 * j + i / 4) as i32;
             i += 1;
         }
-        let mut i = 0;
-        while i < 32 {
-            t.qh_shift[j][i] = (2 * j + i / 16) as i16;
-            i += 1;
-        }
         j += 1;
     }
     let mut i = 0;
@@ -74,12 +62,6 @@ static T: Tables = {
         t.even[i] = (2 * (i % 8)) as i32;
         t.odd[i] = (2 * (i % 8) + 1) as i32;
         t.by_half[i] = (i / 2) as i32;
-        i += 1;
-    }
-    let mut i = 0;
-    while i < 32 {
-        t.sh02[i] = (2 * (i / 16)) as i16;
-        t.sh46[i] = (4 + 2 * (i / 16)) as i16;
         i += 1;
     }
     t
@@ -128,7 +110,7 @@ pub unsafe fn q4k<const Q5: bool, const LO: bool>(
     let (bs, qs_at) = if Q5 { (176, 48) } else { (144, 16) };
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(dx.len() >= 8 * nb && sx.len() >= 16 * nb && (!LO || lo.len() >= 256 * nb));
-    let (nib, one) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(1));
+    let (nib, b16) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x10));
     let (even, odd) = (lanes(&T.even), lanes(&T.odd));
     let pf = PF_GROUPS * NR * nb * bs;
     let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
@@ -174,8 +156,12 @@ pub unsafe fn q4k<const Q5: bool, const LO: bool>(
                 );
                 off[t] = _mm256_fmadd_ps(mins, ssub, off[t]);
                 let sc = _mm512_castps256_ps512(sc);
+                // Q5_K: qh[l] twice, the second copy shifted right by 1: bit
+                // 2j of the first and bit 2j + 1 of the second copy's bytes
+                // then sit at the same place, bit 2j.
                 let h = if Q5 {
-                    _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(16).cast()))
+                    let h = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(16).cast()));
+                    _mm512_mask_srli_epi16::<1>(h, UPPER, h)
                 } else {
                     _mm512_setzero_si512()
                 };
@@ -189,9 +175,14 @@ pub unsafe fn q4k<const Q5: bool, const LO: bool>(
                         nib,
                     );
                     if Q5 {
-                        let bit =
-                            _mm512_and_si512(_mm512_srlv_epi16(h, words(&T.qh_shift[j])), one);
-                        w = _mm512_or_si512(w, _mm512_slli_epi16::<4>(bit));
+                        // Bit 2j to bit 4.
+                        let at4 = match j {
+                            0 => _mm512_slli_epi16::<4>(h),
+                            1 => _mm512_slli_epi16::<2>(h),
+                            2 => h,
+                            _ => _mm512_srli_epi16::<2>(h),
+                        };
+                        w = _mm512_or_si512(w, _mm512_and_si512(at4, b16));
                     }
                     let p = dot64::<LO>(w, qx, lo, 256 * b + 64 * j);
                     let s = _mm512_permutexvar_ps(lanes(&T.pair[j]), sc);
@@ -225,7 +216,7 @@ pub unsafe fn q6k<const LO: bool>(
     debug_assert!(rows.iter().all(|r| r.len() >= nb * BS));
     debug_assert!(dx.len() >= 8 * nb && sx.len() >= 16 * nb && (!LO || lo.len() >= 256 * nb));
     let (nib, m30) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
-    let (sh02, sh46, by_half) = (words(&T.sh02), words(&T.sh46), lanes(&T.by_half));
+    let by_half = lanes(&T.by_half);
     let pf = PF_GROUPS * NR * nb * BS;
     let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
     let mut acc = [_mm512_setzero_ps(); NR];
@@ -256,16 +247,21 @@ pub unsafe fn q6k<const LO: bool>(
                 let s = _mm512_mul_ps(sw, dxh);
                 for n in 0..2 {
                     let a = _mm512_loadu_si512(blk.add(64 * n).cast());
+                    // qh twice, the copy for ql bytes 32-63 shifted right
+                    // by 2: bits 0-1 (4-5) then give ql bytes 0-31 (32-63)
+                    // their fifth and sixth bits for the low (high)
+                    // nibbles.
                     let h =
                         _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(128 + 32 * n).cast()));
-                    let high = |sh: __m512i| {
-                        _mm512_and_si512(_mm512_slli_epi16::<4>(_mm512_srlv_epi16(h, sh)), m30)
-                    };
+                    let h = _mm512_mask_srli_epi16::<2>(h, UPPER, h);
                     let w = [
-                        _mm512_or_si512(_mm512_and_si512(a, nib), high(sh02)),
+                        _mm512_or_si512(
+                            _mm512_and_si512(a, nib),
+                            _mm512_and_si512(_mm512_slli_epi16::<4>(h), m30),
+                        ),
                         _mm512_or_si512(
                             _mm512_and_si512(_mm512_srli_epi16::<4>(a), nib),
-                            high(sh46),
+                            _mm512_and_si512(h, m30),
                         ),
                     ];
                     for (i, wi) in w.into_iter().enumerate() {
