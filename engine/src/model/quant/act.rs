@@ -65,51 +65,27 @@ impl QuantizedActs {
             k.is_multiple_of(QA) && x.len() >= m * k,
             "activations: shape"
         );
-        let two = p == ActPrecision::Two8;
-        let mut q = vec![0i8; m * k];
-        let mut lo = vec![0i8; if two { m * k } else { 0 }];
-        let mut d = vec![0f32; m * k / QA];
-        let mut sums = vec![0f32; m * k / 16];
-        for (b, (((xb, qb), db), sb)) in x[..m * k]
-            .chunks_exact(QA)
-            .zip(q.chunks_exact_mut(QA))
-            .zip(d.iter_mut())
-            .zip(sums.chunks_exact_mut(2))
-            .enumerate()
-        {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            for (o, v) in qb.iter_mut().zip(xb) {
-                *o = (v * inv).round() as i8;
-            }
-            let mut comb = [0i32; QA];
-            if two {
-                let lb = &mut lo[b * QA..(b + 1) * QA];
-                for (((o, v), &h), c) in lb.iter_mut().zip(xb).zip(qb.iter()).zip(&mut comb) {
-                    let r = (v * inv - f32::from(h)) * 256.0;
-                    *o = r.round().clamp(-127.0, 127.0) as i8;
-                    *c = 256 * i32::from(h) + i32::from(*o);
-                }
-                *db = scale / 256.0;
-            } else {
-                for (c, &h) in comb.iter_mut().zip(qb.iter()) {
-                    *c = i32::from(h);
-                }
-                *db = scale;
-            }
-            for (h, s) in sb.iter_mut().enumerate() {
-                let t: i32 = comb[h * 16..h * 16 + 16].iter().sum();
-                *s = *db * t as f32;
-            }
+        let mut a = Self::zeroed(m, k, p);
+        let x = &x[..m * k];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            unsafe { fill_avx2(x, &mut a) };
+            return a;
         }
+        fill(x, &mut a);
+        a
+    }
+
+    /// `m` rows of `k` zeros, with the residual levels if `p` has them.
+    fn zeroed(m: usize, k: usize, p: ActPrecision) -> Self {
         Self {
             m,
             k,
-            q,
-            lo,
-            d,
-            sums,
+            q: vec![0i8; m * k],
+            lo: vec![0i8; if p == ActPrecision::Two8 { m * k } else { 0 }],
+            d: vec![0f32; m * k / QA],
+            sums: vec![0f32; m * k / 16],
         }
     }
 
@@ -131,4 +107,142 @@ impl QuantizedActs {
         let hi = f64::from(self.q[j]) * if self.lo.is_empty() { 1.0 } else { 256.0 };
         (hi + lo) * f64::from(self.d[j / QA])
     }
+}
+
+/// Quantizes the 32-blocks of `x` into `a` (sized by
+/// [`QuantizedActs::zeroed`]; two levels if `a.lo` is not empty). The
+/// portable reference; [`fill_avx2`] gives the same bits.
+fn fill(x: &[f32], a: &mut QuantizedActs) {
+    let two = !a.lo.is_empty();
+    let (q, lo, d, sums) = (&mut a.q, &mut a.lo, &mut a.d, &mut a.sums);
+    for (b, (((xb, qb), db), sb)) in x
+        .chunks_exact(QA)
+        .zip(q.chunks_exact_mut(QA))
+        .zip(d.iter_mut())
+        .zip(sums.chunks_exact_mut(2))
+        .enumerate()
+    {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        for (o, v) in qb.iter_mut().zip(xb) {
+            *o = (v * inv).round() as i8;
+        }
+        let mut comb = [0i32; QA];
+        if two {
+            let lb = &mut lo[b * QA..(b + 1) * QA];
+            for (((o, v), &h), c) in lb.iter_mut().zip(xb).zip(qb.iter()).zip(&mut comb) {
+                let r = (v * inv - f32::from(h)) * 256.0;
+                *o = r.round().clamp(-127.0, 127.0) as i8;
+                *c = 256 * i32::from(h) + i32::from(*o);
+            }
+            *db = scale / 256.0;
+        } else {
+            for (c, &h) in comb.iter_mut().zip(qb.iter()) {
+                *c = i32::from(h);
+            }
+            *db = scale;
+        }
+        for (h, s) in sb.iter_mut().enumerate() {
+            let t: i32 = comb[h * 16..h * 16 + 16].iter().sum();
+            *s = *db * t as f32;
+        }
+    }
+}
+
+/// [`fill`] with AVX2, one block (32 values) in four vectors: the same
+/// float operations in the same order per value, so the same bits.
+/// `f32::round` (half away from zero) is `t + copysign(|y - t| >= 0.5, y)`
+/// with `t = trunc(y)` (`y - t` is exact); NaN levels become 0 as Rust's
+/// `as i8` makes them.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fill_avx2(x: &[f32], a: &mut QuantizedActs) {
+    use std::arch::x86_64::*;
+    let two = !a.lo.is_empty();
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let (sign, half, one) = (
+        _mm256_set1_ps(-0.0),
+        _mm256_set1_ps(0.5),
+        _mm256_set1_ps(1.0),
+    );
+    let round = |y: __m256| {
+        let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(y);
+        let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_and_ps(_mm256_sub_ps(y, t), abs), half);
+        let r = _mm256_add_ps(
+            t,
+            _mm256_and_ps(ge, _mm256_or_ps(_mm256_and_ps(y, sign), one)),
+        );
+        // NaN -> 0.
+        _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r))
+    };
+    // Four vectors of i32 levels -> 32 bytes in order.
+    let pack = |v: [__m256i; 4]| {
+        let p = _mm256_packs_epi16(
+            _mm256_packs_epi32(v[0], v[1]),
+            _mm256_packs_epi32(v[2], v[3]),
+        );
+        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    };
+    let hsum = |v: __m256i| {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b0100_1110>(s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b1011_0001>(s)))
+    };
+    let (lim, neg_lim, k256) = (
+        _mm256_set1_ps(127.0),
+        _mm256_set1_ps(-127.0),
+        _mm256_set1_ps(256.0),
+    );
+    for b in 0..x.len() / QA {
+        // SAFETY: block b's 32 values lie in `x`, its levels in `a.q` (and
+        // `a.lo` with two levels), its scale in `a.d` and its two sums in
+        // `a.sums`: all sized from m * k = x.len() (`zeroed`).
+        unsafe {
+            let v: [__m256; 4] =
+                std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(b * QA + 8 * i)));
+            // max_ps returns its second operand when the first is NaN:
+            // NaN values are skipped, as by f32::max.
+            let mx = v.iter().fold(_mm256_setzero_ps(), |m, &x| {
+                _mm256_max_ps(_mm256_and_ps(x, abs), m)
+            });
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps::<1>(mx));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+            let scale = amax / 127.0;
+            let inv = _mm256_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
+            let y: [__m256; 4] = std::array::from_fn(|i| _mm256_mul_ps(v[i], inv));
+            let h: [__m256; 4] = std::array::from_fn(|i| round(y[i]));
+            let hi: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvttps_epi32(h[i]));
+            _mm256_storeu_si256(a.q.as_mut_ptr().add(b * QA).cast(), pack(hi));
+            let db = if two { scale / 256.0 } else { scale };
+            *a.d.get_unchecked_mut(b) = db;
+            let comb = if two {
+                let l: [__m256i; 4] = std::array::from_fn(|i| {
+                    let r = round(_mm256_mul_ps(_mm256_sub_ps(y[i], h[i]), k256));
+                    _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, neg_lim), lim))
+                });
+                _mm256_storeu_si256(a.lo.as_mut_ptr().add(b * QA).cast(), pack(l));
+                std::array::from_fn(|i| _mm256_add_epi32(_mm256_slli_epi32::<8>(hi[i]), l[i]))
+            } else {
+                hi
+            };
+            for g in 0..2 {
+                let t = hsum(_mm256_add_epi32(comb[2 * g], comb[2 * g + 1]));
+                *a.sums.get_unchecked_mut(2 * b + g) = db * t as f32;
+            }
+        }
+    }
+}
+
+/// [`QuantizedActs::with_precision`] without the AVX2 build (tests
+/// compare the two bit for bit).
+#[cfg(test)]
+pub(super) fn portable(x: &[f32], m: usize, k: usize, p: ActPrecision) -> QuantizedActs {
+    let mut a = QuantizedActs::zeroed(m, k, p);
+    fill(&x[..m * k], &mut a);
+    a
 }

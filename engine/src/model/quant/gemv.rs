@@ -5,7 +5,9 @@
 //! `vec_dot_q4_1_q8_1` scheme, four weight rows at a time so the four
 //! accumulation chains overlap and each activation block is loaded once.
 //!
-//! Types: `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0` here, `Q4_K`, `Q5_K` and `Q6_K` in
+//! Types: `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0` here (AVX2 below, and on
+//! CPUs with AVX-512 F/BW/VNNI the 512-bit kernels of [`zmm`], two blocks
+//! per vector with prefetching), `Q4_K`, `Q5_K` and `Q6_K` in
 //! [`super::gemv_k`], on AVX2 / AVX-512 VNNI; every other type and the
 //! scalar ISA go through the tile path ([`super::tile`]).
 //!
@@ -25,6 +27,10 @@ use model_loader::QuantType;
 use super::act::QuantizedActs;
 #[cfg(target_arch = "x86_64")]
 use super::gemv_k;
+#[cfg(target_arch = "x86_64")]
+mod zmm;
+#[cfg(target_arch = "x86_64")]
+mod zmm_k;
 use super::kernels::Isa;
 use super::{QMatrix, NR};
 
@@ -78,8 +84,10 @@ pub fn dot_rows(
     {
         let vnni = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni;
         // SAFETY: `supported` checked that the CPU has AVX2 + FMA (+F16C,
-        // which every AVX2 CPU has; `Isa::best` checked AVX2/FMA), and VNNI
-        // only when `vnni`. Each row slice holds `k / 32` whole blocks of
+        // which every AVX2 CPU has; `Isa::best` checked AVX2/FMA), VNNI
+        // only when `vnni`, and the 512-bit kernels run only where
+        // `zmm::available` found AVX-512 F/BW/VL/VNNI. The row slices lie in
+        // `w.bytes` (one allocation). Each row slice holds `k / 32` whole blocks of
         // `w.ty`, `qx` k levels, `dx` k / 32 scales, `sx` k / 16 sums
         // (`QuantizedActs::row`, the assert above).
         unsafe {
@@ -94,7 +102,26 @@ pub fn dot_rows(
                     }
                 };
             }
+            let zmm = vnni && zmm::available();
+            match (w.ty, row_lo) {
+                (QuantType::Q4K, false) if zmm => {
+                    zmm_k::q4k::<false, false>(&rows, qx, lo, dx, sx, res)
+                }
+                (QuantType::Q4K, true) if zmm => {
+                    zmm_k::q4k::<false, true>(&rows, qx, lo, dx, sx, res)
+                }
+                (QuantType::Q5K, false) if zmm => {
+                    zmm_k::q4k::<true, false>(&rows, qx, lo, dx, sx, res)
+                }
+                (QuantType::Q5K, true) if zmm => {
+                    zmm_k::q4k::<true, true>(&rows, qx, lo, dx, sx, res)
+                }
+                (QuantType::Q6K, false) if zmm => zmm_k::q6k::<false>(&rows, qx, lo, dx, sx, res),
+                (QuantType::Q6K, true) if zmm => zmm_k::q6k::<true>(&rows, qx, lo, dx, sx, res),
+                _ => {}
+            }
             match (w.ty, vnni) {
+                _ if zmm => {}
                 (QuantType::Q4K, false) => call_k!(q4k_avx2, false),
                 (QuantType::Q4K, true) => call_k!(q4k_vnni, false),
                 (QuantType::Q5K, false) => call_k!(q4k_avx2, true),
@@ -119,11 +146,22 @@ pub fn dot_rows(
                     }
                 };
             }
-            match (vnni, row_lo) {
+            macro_rules! call_zmm {
+                ($lo:literal) => {
+                    match w.ty {
+                        QuantType::Q4_0 => zmm::q4::<false, false, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q4_1 => zmm::q4::<true, false, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q5_0 => zmm::q4::<false, true, $lo>(&rows, qx, lo, dx, sx, res),
+                        QuantType::Q5_1 => zmm::q4::<true, true, $lo>(&rows, qx, lo, dx, sx, res),
+                        _ => zmm::q8::<$lo>(&rows, qx, lo, dx, sx, res),
+                    }
+                };
+            }
+            match (zmm, row_lo) {
                 (false, false) => call!(q4_avx2, q8_avx2, false),
                 (false, true) => call!(q4_avx2, q8_avx2, true),
-                (true, false) => call!(q4_vnni, q8_vnni, false),
-                (true, true) => call!(q4_vnni, q8_vnni, true),
+                (true, false) => call_zmm!(false),
+                (true, true) => call_zmm!(true),
             }
         }
         true
@@ -139,8 +177,30 @@ pub fn dot_rows(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::kernels::x86::{dot4_avx2, dot4_vnni, hsum};
+    use super::super::kernels::x86::{dot4_avx2, hsum};
+    use super::zmm::PF_GROUPS;
     use super::NR;
+
+    /// `256 dot(w, x) + dot(w, xl)` in 8 i32 lanes (sums of 4 products):
+    /// the `vpmaddwd` by 256 does the shift. The i16 pair sums of
+    /// `vpmaddubsw` stay below 2 * 128 * 127 (no saturation).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_two_avx2<const SIGNED: bool>(w: __m256i, x: __m256i, xl: __m256i) -> __m256i {
+        let (u, x, xl) = if SIGNED {
+            (
+                _mm256_sign_epi8(w, w),
+                _mm256_sign_epi8(x, w),
+                _mm256_sign_epi8(xl, w),
+            )
+        } else {
+            (w, x, xl)
+        };
+        _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(256)),
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, xl), _mm256_set1_epi16(1)),
+        )
+    }
 
     macro_rules! q4_kernel {
         ($name:ident, $dot:ident, $features:literal) => {
@@ -176,6 +236,8 @@ mod x86 {
                 debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
                 debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb);
                 let mask = _mm256_set1_epi8(0x0f);
+                // Prefetch distance: PF_GROUPS groups of NR rows.
+                let pf = PF_GROUPS * NR * nb * bs;
                 let mut acc = [_mm256_setzero_ps(); NR];
                 let mut off = [0f32; NR];
                 let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
@@ -195,6 +257,9 @@ mod x86 {
                         let s = *sx.get_unchecked(2 * c) + *sx.get_unchecked(2 * c + 1);
                         for t in 0..NR {
                             let p = rp[t].add(c * bs);
+                            if c % 2 == 0 {
+                                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
+                            }
                             let dm =
                                 _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
                             let dw = _mm_cvtss_f32(dm);
@@ -209,13 +274,11 @@ mod x86 {
                                 let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), all);
                                 w = _mm256_or_si256(w, _mm256_and_si256(set, b4));
                             }
-                            let mut p = $dot::<false>(w, x);
-                            if LO {
-                                p = _mm256_add_epi32(
-                                    _mm256_slli_epi32::<8>(p),
-                                    $dot::<false>(w, xl),
-                                );
-                            }
+                            let p = if LO {
+                                dot_two_avx2::<false>(w, x, xl)
+                            } else {
+                                $dot::<false>(w, x)
+                            };
                             let prod = _mm256_cvtepi32_ps(p);
                             acc[t] = _mm256_fmadd_ps(prod, _mm256_set1_ps(dw * d), acc[t]);
                             let o = if MIN {
@@ -257,8 +320,10 @@ mod x86 {
                 debug_assert!(rows.iter().all(|r| r.len() >= nb * 34) && dx.len() >= nb);
                 let mut acc = [_mm256_setzero_ps(); NR];
                 let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
+                let pf = PF_GROUPS * NR * nb * 34;
                 for c in 0..nb {
-                    // SAFETY: as in the 4-bit kernel, with 34-byte blocks.
+                    // SAFETY: as in the 4-bit kernel, with 34-byte blocks
+                    // (prefetches never fault).
                     unsafe {
                         let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
                         let xl = if LO {
@@ -269,17 +334,16 @@ mod x86 {
                         let d = *dx.get_unchecked(c);
                         for t in 0..NR {
                             let p = rp[t].add(c * 34);
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
                             let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
                                 p.cast::<u16>().read_unaligned(),
                             ))));
                             let w = _mm256_loadu_si256(p.add(2).cast());
-                            let mut p = $dot::<true>(w, x);
-                            if LO {
-                                p = _mm256_add_epi32(
-                                    _mm256_slli_epi32::<8>(p),
-                                    $dot::<true>(w, xl),
-                                );
-                            }
+                            let p = if LO {
+                                dot_two_avx2::<true>(w, x, xl)
+                            } else {
+                                $dot::<true>(w, x)
+                            };
                             let prod = _mm256_cvtepi32_ps(p);
                             acc[t] = _mm256_fmadd_ps(prod, _mm256_set1_ps(dw * d), acc[t]);
                         }
@@ -294,7 +358,5 @@ mod x86 {
     }
 
     q4_kernel!(q4_avx2, dot4_avx2, "avx2,fma,f16c");
-    q4_kernel!(q4_vnni, dot4_vnni, "avx2,fma,f16c,avx512vnni,avx512vl");
     q8_kernel!(q8_avx2, dot4_avx2, "avx2,fma,f16c");
-    q8_kernel!(q8_vnni, dot4_vnni, "avx2,fma,f16c,avx512vnni,avx512vl");
 }

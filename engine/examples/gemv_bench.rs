@@ -1,0 +1,154 @@
+//! Few-row (decode) kernel speed per weight type, in weight bytes streamed
+//! per second, next to the machine's plain read bandwidth:
+//! - `L2`: a ~256 KiB matrix multiplied over and over on one thread (the
+//!   kernel's compute-bound speed: the bytes come from L2);
+//! - `DRAM`: a ~96 MiB matrix (over the L3) on 1 and 2 threads (what a
+//!   decode step sees: every layer's weights come from memory once).
+//!
+//! Batch 1 (`m = 1`) with the default two-level activations, and with `-- --one8`
+//! llama.cpp's one-level `Q8_0` activations. Medians of 7 rounds.
+//!
+//! Run: `cargo run --release -p engine --example gemv_bench [-- --one8] [--l2] [TYPE...]`
+//! (`--l2`: only the L2 case, e.g. under `perf stat -e cycles:u`, whose
+//! cycle count a loaded machine disturbs less than the wall clock)
+//! (types as in GGUF: `Q4_1 Q8_0 ...`; default the types the two default
+//! files use). To compare two builds, copy one binary aside and run both
+//! alternately.
+
+use engine::model::quant::{matmul, ActPrecision, Isa, QMatrix, QuantizedActs};
+use model_loader::quant::quantize;
+use model_loader::QuantType;
+use std::time::Instant;
+
+const ROUNDS: usize = 7;
+
+/// `rows x k` matrix of `ty` with about `bytes` bytes, built by repeating a
+/// 256-row quantized pattern (quantizing ~100 MB of f32 would take long).
+fn matrix(ty: QuantType, k: usize, bytes: usize) -> QMatrix {
+    let base_rows = 256;
+    let vals: Vec<f32> = (0..base_rows * k)
+        .map(|i| {
+            let h = (i as u32).wrapping_mul(2_654_435_761) >> 8;
+            (h as f32 / (1u32 << 24) as f32 - 0.5) * (0.5 + (i / 32 % 5) as f32 * 0.3)
+        })
+        .collect();
+    let pat = quantize(ty, &vals).expect("whole blocks");
+    let rb = pat.len() / base_rows;
+    let rows = (bytes / rb).max(base_rows) / base_rows * base_rows;
+    let reps = rows / base_rows;
+    let mut b = Vec::with_capacity(reps * pat.len());
+    for _ in 0..reps {
+        b.extend_from_slice(&pat);
+    }
+    QMatrix {
+        ty,
+        rows,
+        cols: k,
+        bytes: b,
+    }
+}
+
+/// This thread's CPU time in seconds (the wall clock where that is not
+/// available): a loaded machine's descheduling does not count.
+fn thread_seconds() -> f64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        #[repr(C)]
+        struct Timespec {
+            sec: i64,
+            nsec: i64,
+        }
+        extern "C" {
+            fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+        }
+        const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+        let mut ts = Timespec { sec: 0, nsec: 0 };
+        // SAFETY: glibc's clock_gettime writes one timespec (two i64 on
+        // x86_64/aarch64 Linux) to the pointer, which is valid and ours.
+        if unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+            return ts.sec as f64 + ts.nsec as f64 * 1e-9;
+        }
+    }
+    static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    T0.get_or_init(Instant::now).elapsed().as_secs_f64()
+}
+
+/// Weight GB/s of `m`-row products on a pool of `threads` (one thread:
+/// per CPU second of that thread; two: per wall second).
+fn rate(w: &QMatrix, act: &QuantizedActs, isa: Isa, threads: usize, min_bytes: usize) -> f64 {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("pool");
+    let mut out = vec![0f32; act.m * w.rows];
+    let iters = (min_bytes / w.bytes.len()).max(1);
+    pool.install(|| {
+        matmul(act, w, &mut out, w.rows, false, isa);
+        let mut r: Vec<f64> = (0..ROUNDS)
+            .map(|_| {
+                let (t, c) = (Instant::now(), thread_seconds());
+                for _ in 0..iters {
+                    matmul(act, w, &mut out, w.rows, false, isa);
+                }
+                let secs = if threads == 1 {
+                    thread_seconds() - c
+                } else {
+                    t.elapsed().as_secs_f64()
+                };
+                (w.bytes.len() * iters) as f64 / secs / 1e9
+            })
+            .collect();
+        r.sort_by(f64::total_cmp);
+        r[ROUNDS / 2]
+    })
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let prec = if args.iter().any(|a| a == "--one8") {
+        ActPrecision::One8
+    } else {
+        ActPrecision::Two8
+    };
+    let l2_only = args.iter().any(|a| a == "--l2");
+    let isa = if args.iter().any(|a| a == "--avx2") {
+        Isa::Avx2
+    } else {
+        Isa::best()
+    };
+    let mut types: Vec<QuantType> = QuantType::ALL
+        .into_iter()
+        .filter(|t| args.iter().any(|a| a == t.name()))
+        .collect();
+    if types.is_empty() {
+        types = vec![
+            QuantType::Q4_1,
+            QuantType::Q8_0,
+            QuantType::Q5_0,
+            QuantType::Q4K,
+            QuantType::Q6K,
+        ];
+    }
+    println!("kernels {isa:?}, activations {prec:?}, batch 1; weight GB/s, median of {ROUNDS}");
+    for ty in types {
+        // K-quants need k % 256 == 0 (SmolLM2's ffn_down: k = 1536).
+        let k = if ty.block_len() == 256 { 1536 } else { 576 };
+        let x: Vec<f32> = (0..k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
+        let act = QuantizedActs::with_precision(&x, 1, k, prec);
+        let small = matrix(ty, k, 256 << 10);
+        let l2 = rate(&small, &act, isa, 1, 256 << 20);
+        if l2_only {
+            println!("{:<5} k {k:>4}: L2 1 thread {l2:6.1}", ty.name());
+            continue;
+        }
+        let big = matrix(ty, k, 96 << 20);
+        let d1 = rate(&big, &act, isa, 1, 256 << 20);
+        let d2 = rate(&big, &act, isa, 2, 256 << 20);
+        println!(
+            "{:<5} k {k:>4}: L2 1 thread {l2:6.1}   DRAM 1 thread {d1:6.1}   DRAM 2 threads {d2:6.1}",
+            ty.name()
+        );
+    }
+}
