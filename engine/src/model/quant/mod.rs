@@ -36,6 +36,7 @@ pub mod gemv;
 mod gemv_k;
 pub mod kernels;
 pub mod tile;
+mod tile_decode;
 
 #[cfg(test)]
 mod tests;
@@ -45,7 +46,7 @@ use rayon::prelude::*;
 
 use crate::model::linear::SendPtr;
 pub use act::{ActPrecision, QuantizedActs};
-pub use kernels::Isa;
+pub use kernels::{Isa, MR};
 use tile::Tile;
 
 /// Weight rows decoded and multiplied together.
@@ -142,33 +143,47 @@ pub fn matmul(
     };
     let per = n.div_ceil(stripes).div_ceil(NR) * NR;
     let dst = SendPtr(out.as_mut_ptr());
+    let direct = m <= GEMV_MAX_M && gemv::supported(isa, w.ty);
     let run = |c0: usize| {
         let c1 = (c0 + per).min(n);
-        let direct = m <= GEMV_MAX_M && gemv::supported(isa, w.ty);
-        let mut tile = (!direct).then(|| Tile::new(w.ty, k));
-        let mut res = [0f32; NR];
+        let put = |r: usize, j: usize, vals: &[f32]| {
+            for (t, v) in vals.iter().enumerate() {
+                // SAFETY: r < m and j + t < c1 <= n <= ldo (callers pass
+                // at most c1 - j values), so the index r * ldo + j + t is
+                // below (m - 1) * ldo + n <= out.len() (asserted above).
+                // Columns j..c1 belong to this stripe only, and `out` is
+                // exclusively borrowed for the call.
+                unsafe {
+                    let p = dst.get().add(r * ldo + j + t);
+                    *p = if accumulate { *p + v } else { *v };
+                }
+            }
+        };
         let mut j = c0;
+        if direct {
+            let mut res = [0f32; NR];
+            while j < c1 {
+                let nr = NR.min(c1 - j);
+                for r in 0..m {
+                    gemv::dot_rows(isa, w, j, nr, act, r, &mut res);
+                    put(r, j, &res[..nr]);
+                }
+                j += nr;
+            }
+            return;
+        }
+        // One tile of NR weight rows decoded at a time (L1), multiplied by
+        // every activation row, MR at a time (the panel stays in L2).
+        let mut tile = Tile::new(w.ty, k);
+        let mut res = [[0f32; NR]; MR];
         while j < c1 {
             let nr = NR.min(c1 - j);
-            if let Some(tile) = &mut tile {
-                tile.decode(w, j, nr);
-            }
-            for r in 0..m {
-                match &tile {
-                    Some(tile) => kernels::dot_tile(isa, tile, act, r, &mut res),
-                    None => {
-                        gemv::dot_rows(isa, w, j, nr, act, r, &mut res);
-                    }
-                }
-                for (t, v) in res.iter().enumerate().take(nr) {
-                    // SAFETY: r < m and j + t < c1 <= n <= ldo, so the index
-                    // r * ldo + j + t is below (m - 1) * ldo + n <= out.len()
-                    // (asserted above). Columns j..c1 belong to this stripe
-                    // only, and `out` is exclusively borrowed for the call.
-                    unsafe {
-                        let p = dst.get().add(r * ldo + j + t);
-                        *p = if accumulate { *p + v } else { *v };
-                    }
+            tile.decode(w, j, nr);
+            for r0 in (0..m).step_by(MR) {
+                let mr = MR.min(m - r0);
+                kernels::dot_block(isa, &tile, act, r0, mr, &mut res);
+                for (r, vals) in res.iter().enumerate().take(mr) {
+                    put(r0 + r, j, &vals[..nr]);
                 }
             }
             j += nr;
