@@ -259,3 +259,28 @@ fn two_level_activations_are_two_hundred_times_finer() {
         "one level {one}, two {two}"
     );
 }
+
+#[test]
+fn long_prompts_split_into_panels_with_the_same_results() {
+    // k = 2048 at two levels: a panel holds fewer than 140 rows, so the
+    // rows run as two panels, each re-decoding the tiles.
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let (m, n, k) = (140, 6, 2048);
+    let panel = panel_rows(m, k, true);
+    assert!(panel < m && panel % MR == 0, "panel of {panel} rows");
+    let w = qmatrix(QuantType::Q4_1, n, k, &mut rng);
+    let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+    let act = QuantizedActs::new(&x, m, k);
+    let want = reference(&act, &w);
+    for isa in Isa::available() {
+        let mut out = vec![f32::NAN; m * n];
+        matmul(&act, &w, &mut out, n, false, isa);
+        for (i, (g, e)) in out.iter().zip(&want).enumerate() {
+            let tol = 1e-4 * (1.0 + e.abs()) * (k as f64).sqrt();
+            assert!(
+                (f64::from(*g) - e).abs() <= tol,
+                "{isa:?} [{i}]: {g} vs {e}"
+            );
+        }
+    }
+}
