@@ -267,7 +267,10 @@ fn long_prompts_split_into_panels_with_the_same_results() {
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let (m, n, k) = (140, 6, 2048);
     let panel = panel_rows(m, k, true);
-    assert!(panel < m && panel % MR == 0, "panel of {panel} rows");
+    assert!(
+        panel < m && panel.is_multiple_of(MR),
+        "panel of {panel} rows"
+    );
     let w = qmatrix(QuantType::Q4_1, n, k, &mut rng);
     let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
     let act = QuantizedActs::new(&x, m, k);
