@@ -1,17 +1,27 @@
-//! Integer dot products of a decoded weight [`Tile`] with one quantized
-//! activation row, per instruction set.
+//! Integer dot products of a decoded weight [`Tile`] with up to [`MR`]
+//! quantized activation rows (a register block of `MR x NR` results), per
+//! instruction set.
 //!
-//! Every kernel computes, for each tile row `t`,
-//! `sum_c dx[c] * (a8[t, c] . i32x8(u[t, c] * q[c])) + bb[t] . sums`, where
-//! the i32x8 lanes hold sums of 4 adjacent byte products (lanes 0-3 the
-//! first 16 values of the 32-block, 4-7 the second), so each lane takes its
-//! half's scale from `a8`.
+//! Every kernel computes, for each tile row `t` and activation row `r`,
+//! `sum_c dx[r, c] * (a8[t, c] . i32(u[t, c] * q[r, c])) + bb[t] . sums[r]`,
+//! where the i32 lanes hold sums of 4 adjacent byte products (4 lanes per
+//! 16-half), so each lane takes its half's scale from `a8`. With a residual
+//! level the lane holds `256 dot(u, q) + dot(u, lo)`, exact in i32.
 //!
-//! - [`Isa::Avx512Vnni`]: `vpdpbusd` on 256-bit vectors (AVX-512 VNNI + VL).
-//! - [`Isa::Avx2`]: `vpmaddubsw` + `vpmaddwd` (unsigned levels <= 63 never
-//!   saturate the i16 pairs; signed types use `vpsignb`).
+//! - AVX-512 (F, BW, VNNI; [`Isa::Avx512Vnni`] where the CPU has them):
+//!   `vpdpbusd` on zmm, 64 levels (two blocks) per step, 4 x 4 zmm
+//!   accumulators; per step and pair: 2 `vpdpbusd` + 1 shift (residual), 1
+//!   convert, 1 multiply (weight x activation scale), 1 FMA. The signed
+//!   types subtract `128 * sum(x)` per row and step (one more op per pair).
+//!   A last half step (`k = 32 mod 64`) uses masked loads.
+//! - [`Isa::Avx2`]: `vpmaddubsw` + `vpmaddwd`, 2 x 4 ymm accumulators (16
+//!   registers); unsigned levels <= 63 never saturate the i16 pairs; signed
+//!   levels flip back (`u ^ 0x80`) and use `vpsignb`.
 //! - [`Isa::Scalar`]: portable i32 loops, the reference the others are
 //!   tested against. ARM NEON `sdot` is not written yet: aarch64 runs this.
+//!
+//! Invariants: `tile.k == act.k`; the tile's padding (`k..kp`) is zero.
+//! Cost: O(MR NR k) per block; no allocation.
 
 use super::act::QuantizedActs;
 use super::tile::Tile;

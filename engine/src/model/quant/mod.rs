@@ -12,24 +12,31 @@
 //! 2. Up to [`GEMV_MAX_M`] rows (decode), every type but `Q2_K`, `Q3_K`
 //!    and `Q8_K` multiplies
 //!    straight on the file's blocks ([`gemv`]); otherwise:
-//!    [`tile`]: a tile of [`NR`] weight rows is decoded once into 8-bit
-//!    levels (`model_loader::quant::decode_row`: one decoder per layout)
-//!    plus per-32 scale vectors and per-16 offsets, then reused by every
-//!    activation row of the batch, so large batches stay compute-bound.
-//! 3. [`kernels`]: integer dot products of 32 levels at a time (AVX-512
-//!    VNNI `vpdpbusd`, AVX2 `vpmaddubsw`, or portable scalar, chosen once at
-//!    run time), each 16-sum scaled and accumulated in f32.
+//!    [`tile`]: a tile of [`NR`] weight rows is decoded once into unsigned
+//!    8-bit levels (vectorized per type in `tile_decode`; `Q2_K`/`Q3_K`
+//!    through `model_loader::quant::decode_row`) plus per-32 scale vectors
+//!    and per-16 offsets, then reused by every activation row of a panel
+//!    (at most `PANEL_BYTES` of activations, so it stays in L2), so large
+//!    batches stay compute-bound.
+//! 3. [`kernels`]: [`MR`] activation rows x [`NR`] weight rows per register
+//!    block (AVX-512 VNNI `vpdpbusd` on zmm, AVX2 `vpmaddubsw` on 2 rows,
+//!    or portable scalar, chosen once at run time), integer sums per
+//!    16-half scaled and accumulated in f32, offsets folded in at the end.
 //!
 //! Threads: the output columns are split into one stripe per rayon thread
-//! (each writes only its own columns).
+//! (each writes only its own columns and decodes only its own tiles; each
+//! reads the whole activation panel, which with 2 threads costs less than
+//! splitting rows, where every thread would decode every tile).
 //!
 //! Invariants: `k` is a whole number of the type's blocks; the levels fed to
 //! the unsigned kernels lie in 0..=63 (offset types) so `vpmaddubsw` never
-//! saturates; `Q8_0`/`Q8_K` levels go through the sign trick instead.
+//! saturates; `Q8_0`/`Q8_K` levels are stored +128 and the kernels take the
+//! 128 back out in integer arithmetic (exact).
 //!
 //! Cost: O(m n k) integer multiply-adds; memory traffic one pass over the
 //! quantized weights per product (plus the activations once per tile);
-//! scratch O(NR k) per thread and O(m k) for the quantized activations.
+//! scratch O(NR k) per thread and O(m k) for the quantized activations;
+//! tiles are decoded once per panel (one panel up to ~176 rows at k = 1536).
 
 pub mod act;
 pub mod gemv;
