@@ -17,6 +17,7 @@
 //! O(n) with one small allocation per block for the K-quants.
 
 mod kquants;
+pub use kquants::scale_min_k4;
 mod legacy;
 
 use crate::error::{LoaderError, Result};

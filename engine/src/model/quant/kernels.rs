@@ -1,17 +1,27 @@
-//! Integer dot products of a decoded weight [`Tile`] with one quantized
-//! activation row, per instruction set.
+//! Integer dot products of a decoded weight [`Tile`] with up to [`MR`]
+//! quantized activation rows (a register block of `MR x NR` results), per
+//! instruction set.
 //!
-//! Every kernel computes, for each tile row `t`,
-//! `sum_c dx[c] * (a8[t, c] . i32x8(u[t, c] * q[c])) + bb[t] . sums`, where
-//! the i32x8 lanes hold sums of 4 adjacent byte products (lanes 0-3 the
-//! first 16 values of the 32-block, 4-7 the second), so each lane takes its
-//! half's scale from `a8`.
+//! Every kernel computes, for each tile row `t` and activation row `r`,
+//! `sum_c dx[r, c] * (a8[t, c] . i32(u[t, c] * q[r, c])) + bb[t] . sums[r]`,
+//! where the i32 lanes hold sums of 4 adjacent byte products (4 lanes per
+//! 16-half), so each lane takes its half's scale from `a8`. With a residual
+//! level the lane holds `256 dot(u, q) + dot(u, lo)`, exact in i32.
 //!
-//! - [`Isa::Avx512Vnni`]: `vpdpbusd` on 256-bit vectors (AVX-512 VNNI + VL).
-//! - [`Isa::Avx2`]: `vpmaddubsw` + `vpmaddwd` (unsigned levels <= 63 never
-//!   saturate the i16 pairs; signed types use `vpsignb`).
+//! - AVX-512 (F, BW, VNNI; [`Isa::Avx512Vnni`] where the CPU has them):
+//!   `vpdpbusd` on zmm, 64 levels (two blocks) per step, 4 x 4 zmm
+//!   accumulators; per step and pair: 2 `vpdpbusd` + 1 shift (residual), 1
+//!   convert, 1 multiply (weight x activation scale), 1 FMA. The signed
+//!   types subtract `128 * sum(x)` per row and step (one more op per pair).
+//!   A last half step (`k = 32 mod 64`) uses masked loads.
+//! - [`Isa::Avx2`]: `vpmaddubsw` + `vpmaddwd`, 2 x 4 ymm accumulators (16
+//!   registers); unsigned levels <= 63 never saturate the i16 pairs; signed
+//!   levels flip back (`u ^ 0x80`) and use `vpsignb`.
 //! - [`Isa::Scalar`]: portable i32 loops, the reference the others are
 //!   tested against. ARM NEON `sdot` is not written yet: aarch64 runs this.
+//!
+//! Invariants: `tile.k == act.k`; the tile's padding (`k..kp`) is zero.
+//! Cost: O(MR NR k) per block; no allocation.
 
 use super::act::QuantizedActs;
 use super::tile::Tile;
@@ -64,62 +74,75 @@ impl Isa {
     }
 }
 
-/// `res[t] = dot(tile row t, activation row r)` for every tile row.
+/// Activation rows per register block.
+pub const MR: usize = 4;
+
+/// True when the CPU runs the 512-bit kernel (AVX-512 F + BW + VNNI),
+/// checked once per process.
+#[cfg(target_arch = "x86_64")]
+fn has_zmm() -> bool {
+    static ZMM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ZMM.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+    })
+}
+
+/// `res[r][t] = dot(tile row t, activation row r0 + r)` for `r < mr`,
+/// `t < NR` (entries past `mr` are left as they were).
 ///
-/// Panics if the tile and activations disagree on `k`. An `isa` the CPU
-/// lacks falls back to the scalar kernel.
-pub fn dot_tile(isa: Isa, tile: &Tile, act: &QuantizedActs, r: usize, res: &mut [f32; NR]) {
-    assert_eq!(tile.k, act.k, "dot_tile: k");
-    let row = act.row(r);
+/// Panics if the tile and activations disagree on `k`, `mr` is not in
+/// `1..=MR` or the rows run past `act.m`. An `isa` the CPU lacks falls back
+/// to a kernel it has.
+pub fn dot_block(
+    isa: Isa,
+    tile: &Tile,
+    act: &QuantizedActs,
+    r0: usize,
+    mr: usize,
+    res: &mut [[f32; NR]; MR],
+) {
+    assert!(
+        tile.k == act.k && (1..=MR).contains(&mr) && r0 + mr <= act.m,
+        "dot_block: shapes"
+    );
     #[cfg(target_arch = "x86_64")]
     {
-        let avail = Isa::best();
-        let vnni = isa == Isa::Avx512Vnni && avail == Isa::Avx512Vnni;
-        let avx2 = (isa == Isa::Avx2 || vnni) && avail != Isa::Scalar;
-        if vnni || avx2 {
-            // SAFETY: the CPU has the features the called kernel enables
-            // (checked by `Isa::best`), and `tile` and `row` have the
-            // lengths the kernel reads: `k` levels (twice with a residual),
-            // `k / 32` scales and `k / 16` sums per row, guaranteed by
-            // `Tile::new(k)`, `QuantizedActs::row` and the assert above.
-            unsafe {
-                let (qx, dx) = (row.q, row.d);
-                let lo = row.lo.unwrap_or(&[]);
-                macro_rules! call {
-                    ($f:ident) => {
-                        match (tile.signed, row.lo.is_some()) {
-                            (false, false) => x86::$f::<false, false>(tile, qx, lo, dx, res),
-                            (false, true) => x86::$f::<false, true>(tile, qx, lo, dx, res),
-                            (true, false) => x86::$f::<true, false>(tile, qx, lo, dx, res),
-                            (true, true) => x86::$f::<true, true>(tile, qx, lo, dx, res),
-                        }
-                    };
-                }
-                if vnni {
-                    call!(dot_vnni);
-                } else {
-                    call!(dot_avx2);
-                }
-                if tile.has_offset {
-                    x86::add_offsets(tile, row.sums, res);
-                }
-            }
+        let best = Isa::best();
+        if isa == Isa::Avx512Vnni && best == Isa::Avx512Vnni && has_zmm() {
+            // SAFETY: the CPU has AVX-512 F/BW/VNNI, AVX2 and FMA (checked
+            // by `has_zmm`); the rows r0..r0 + mr exist (asserted) and the
+            // tile's padded arrays match `k` (`Tile::new`).
+            unsafe { x86::block_zmm_dispatch(tile, act, r0, mr, res) };
+            return;
+        }
+        if isa != Isa::Scalar && best != Isa::Scalar {
+            // SAFETY: the CPU has AVX2 and FMA (checked by `Isa::best`);
+            // the rows exist (asserted above).
+            unsafe { x86::block_avx2_dispatch(tile, act, r0, mr, res) };
             return;
         }
     }
     let _ = isa;
-    dot_scalar(tile, row, res);
+    for (r, out) in res.iter_mut().enumerate().take(mr) {
+        dot_scalar(tile, act.row(r0 + r), out);
+    }
 }
 
-/// `dot(u[16], lo or hi levels[16])` in i32.
-fn dot16(u: &[i8], x: &[i8]) -> i32 {
+/// `dot(u[16], lo or hi levels[16])` in i32, the signed types' 128 taken
+/// out.
+fn dot16(u: &[u8], x: &[i8], signed: bool) -> i32 {
+    let off = if signed { 128 } else { 0 };
     u.iter()
         .zip(x)
-        .map(|(&w, &x)| i32::from(w) * i32::from(x))
+        .map(|(&w, &x)| (i32::from(w) - off) * i32::from(x))
         .sum()
 }
 
-/// The portable kernel.
+/// The portable kernel (one activation row).
 fn dot_scalar(tile: &Tile, row: super::act::ActRow<'_>, res: &mut [f32; NR]) {
     for (t, out) in res.iter_mut().enumerate() {
         let (u, a8, bb) = tile.row(t);
@@ -127,9 +150,9 @@ fn dot_scalar(tile: &Tile, row: super::act::ActRow<'_>, res: &mut [f32; NR]) {
         for (c, (uc, &d)) in u.chunks_exact(32).zip(row.d).enumerate() {
             for h in 0..2 {
                 let (w, at) = (&uc[h * 16..h * 16 + 16], c * 32 + h * 16);
-                let mut s = dot16(w, &row.q[at..at + 16]);
+                let mut s = dot16(w, &row.q[at..at + 16], tile.signed);
                 if let Some(lo) = row.lo {
-                    s = 256 * s + dot16(w, &lo[at..at + 16]);
+                    s = 256 * s + dot16(w, &lo[at..at + 16], tile.signed);
                 }
                 acc += s as f32 * (a8[c * 8 + h * 4] * d);
             }
@@ -140,13 +163,16 @@ fn dot_scalar(tile: &Tile, row: super::act::ActRow<'_>, res: &mut [f32; NR]) {
         *out = acc;
     }
 }
-
+// The register blocks index accumulators [row][column] by constant-trip
+// loops (unrolled into registers): clearer than zipped iterators here.
+#[allow(clippy::needless_range_loop)]
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::tile::Tile;
-    use super::NR;
+    use super::super::act::QuantizedActs;
+    use super::super::tile::{Tile, STEP};
+    use super::{MR, NR};
 
     /// Sum of the 8 lanes.
     #[target_feature(enable = "avx2,fma")]
@@ -187,97 +213,311 @@ pub(super) mod x86 {
         }
     }
 
-    macro_rules! tile_kernel {
-        ($name:ident, $dot:ident, $features:literal) => {
-            /// The scaled integer part of the dot products (offsets not
-            /// included).
-            ///
-            /// # Safety
-            /// The CPU must have the enabled features; `qx` holds `k`
-            /// levels and `dx` `k / 32` scales, `k == tile.k`.
-            #[target_feature(enable = $features)]
-            pub unsafe fn $name<const SIGNED: bool, const LO: bool>(
-                tile: &Tile,
-                qx: &[i8],
-                lo: &[i8],
-                dx: &[f32],
-                res: &mut [f32; NR],
-            ) {
-                let k = tile.k;
-                debug_assert!(qx.len() >= k && dx.len() >= k / 32);
-                debug_assert!(!LO || lo.len() >= k);
-                let (up, ap, xp, lp) =
-                    (tile.u.as_ptr(), tile.a8.as_ptr(), qx.as_ptr(), lo.as_ptr());
-                let mut acc = [_mm256_setzero_ps(); NR];
-                for c in 0..k / 32 {
-                    // SAFETY: c < k / 32, so the 32 bytes at c * 32 of each
-                    // row (offset t * k, t < NR) lie inside `u` (NR * k
-                    // bytes), `qx` and (with LO) `lo` (k each); the 8 floats
-                    // at t * k / 4 + c * 8 inside `a8` (NR * k / 4); `dx[c]`
-                    // inside `dx` (k / 32). The loads are unaligned; the CPU
-                    // has the features this function enables (the caller's
-                    // contract).
-                    unsafe {
-                        let x = _mm256_loadu_si256(xp.add(c * 32).cast());
-                        let xl = if LO {
-                            _mm256_loadu_si256(lp.add(c * 32).cast())
+    /// Pointers to activation rows `r0..r0 + M`: levels, residual levels
+    /// (the levels again without a residual), scales, sums.
+    struct Rows<const M: usize> {
+        q: [*const i8; M],
+        lo: [*const i8; M],
+        d: [*const f32; M],
+        s: [*const f32; M],
+    }
+
+    impl<const M: usize> Rows<M> {
+        fn new(act: &QuantizedActs, r0: usize) -> Self {
+            let (k, lo) = (act.k, !act.lo.is_empty());
+            let at = |r: usize| (r0 + r) * k;
+            Self {
+                // `wrapping_add`: plain address arithmetic; the kernels read
+                // only inside the rows (their callers' contract).
+                q: std::array::from_fn(|r| act.q.as_ptr().wrapping_add(at(r))),
+                lo: std::array::from_fn(|r| {
+                    if lo {
+                        act.lo.as_ptr().wrapping_add(at(r))
+                    } else {
+                        act.q.as_ptr().wrapping_add(at(r))
+                    }
+                }),
+                d: std::array::from_fn(|r| act.d.as_ptr().wrapping_add(at(r) / 32)),
+                s: std::array::from_fn(|r| act.sums.as_ptr().wrapping_add(at(r) / 16)),
+            }
+        }
+    }
+
+    /// [`block_zmm`] for `mr` rows, with or without a residual level.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F/BW/VNNI, AVX2 and FMA; `1 <= mr <= MR`,
+    /// `r0 + mr <= act.m`, `tile.k == act.k`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+    pub unsafe fn block_zmm_dispatch(
+        tile: &Tile,
+        act: &QuantizedActs,
+        r0: usize,
+        mr: usize,
+        res: &mut [[f32; NR]; MR],
+    ) {
+        macro_rules! go {
+            ($m:literal) => {
+                match (act.lo.is_empty(), tile.signed) {
+                    (true, false) => block_zmm::<$m, false, false>(tile, Rows::new(act, r0), res),
+                    (false, false) => block_zmm::<$m, true, false>(tile, Rows::new(act, r0), res),
+                    (true, true) => block_zmm::<$m, false, true>(tile, Rows::new(act, r0), res),
+                    (false, true) => block_zmm::<$m, true, true>(tile, Rows::new(act, r0), res),
+                }
+            };
+        }
+        // SAFETY: the caller's contract, passed on (rows r0..r0 + mr exist).
+        unsafe {
+            match mr {
+                1 => go!(1),
+                2 => go!(2),
+                3 => go!(3),
+                _ => go!(4),
+            }
+        }
+    }
+
+    /// The 512-bit register block: `M` activation rows x [`NR`] weight
+    /// rows, 64 levels per step. Per step and pair: `vpdpbusd` of the high
+    /// level, shifted 8 bits, `vpdpbusd` of the residual into the same i32
+    /// lanes (exact), one convert, and one FMA with the lane's scale
+    /// (weight half-scale x activation block scale). The weights' offsets
+    /// are added into the same accumulators at the end, then each pair is
+    /// reduced once.
+    ///
+    /// # Safety
+    /// The CPU must have the enabled features; `rows` point at `M` rows of
+    /// `tile.k` levels (`k / 32` scales, `k / 16` sums) each.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+    unsafe fn block_zmm<const M: usize, const LO: bool, const SIGNED: bool>(
+        tile: &Tile,
+        rows: Rows<M>,
+        res: &mut [[f32; NR]; MR],
+    ) {
+        let (k, kp) = (tile.k, tile.kp);
+        let (up, ap) = (tile.u.as_ptr(), tile.a8.as_ptr());
+        // Lanes 0-7 take the first block's scale, 8-15 the second's.
+        let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        let (zero, c80) = (_mm512_setzero_si512(), _mm512_set1_epi8(-128));
+        let mut acc = [[_mm512_setzero_ps(); NR]; M];
+        let steps = k.div_ceil(STEP);
+        for s in 0..steps {
+            // A last step of 32 (k = 32 mod 64) reads half the levels and
+            // one scale; the tile's padding is zero.
+            let (xm, dm): (__mmask64, __mmask16) = if (s + 1) * STEP <= k {
+                (!0, 0b11)
+            } else {
+                (0xffff_ffff, 0b1)
+            };
+            // SAFETY: s * 64 < kp, so the 64 levels and 16 scales of each
+            // tile row at t * kp + s * 64 (t * kp / 4 + s * 16) lie inside
+            // `u` (NR kp) and `a8` (NR kp / 4). Activation loads are masked
+            // to the row: 64 (or, on the last half step, 32) levels at
+            // s * 64 < k, and 2 (or 1) scales at 2 s < k / 32.
+            unsafe {
+                let mut w = [zero; NR];
+                let mut a = [_mm512_setzero_ps(); NR];
+                for t in 0..NR {
+                    w[t] = _mm512_loadu_si512(up.add(t * kp + s * STEP).cast());
+                    a[t] = _mm512_loadu_ps(ap.add(t * kp / 4 + s * 16));
+                }
+                for r in 0..M {
+                    let x = _mm512_maskz_loadu_epi8(xm, rows.q[r].add(s * STEP));
+                    let xl = if LO {
+                        _mm512_maskz_loadu_epi8(xm, rows.lo[r].add(s * STEP))
+                    } else {
+                        x
+                    };
+                    let d = _mm512_maskz_loadu_ps(dm, rows.d[r].add(2 * s));
+                    let d = _mm512_permutexvar_ps(idx, d);
+                    // The signed types' levels carry +128: take out
+                    // 128 * sum(x) with the same shift pattern.
+                    let corr = if SIGNED {
+                        let c = _mm512_dpbusd_epi32(zero, c80, x);
+                        if LO {
+                            _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(c), c80, xl)
                         } else {
-                            x
-                        };
-                        let d = _mm256_set1_ps(*dx.get_unchecked(c));
-                        for (t, a) in acc.iter_mut().enumerate() {
-                            let w = _mm256_loadu_si256(up.add(t * k + c * 32).cast());
-                            let mut p = $dot::<SIGNED>(w, x);
-                            if LO {
-                                p = _mm256_add_epi32(
-                                    _mm256_slli_epi32::<8>(p),
-                                    $dot::<SIGNED>(w, xl),
-                                );
-                            }
-                            let s = _mm256_mul_ps(_mm256_loadu_ps(ap.add(t * k / 4 + c * 8)), d);
-                            *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, *a);
+                            c
+                        }
+                    } else {
+                        zero
+                    };
+                    for t in 0..NR {
+                        let mut p = _mm512_dpbusd_epi32(zero, w[t], x);
+                        if LO {
+                            p = _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(p), w[t], xl);
+                        }
+                        if SIGNED {
+                            p = _mm512_sub_epi32(p, corr);
+                        }
+                        let sc = _mm512_mul_ps(a[t], d);
+                        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[r][t]);
+                    }
+                }
+            }
+        }
+        if tile.has_offset {
+            let (g, gp) = (k / 16, kp / 16);
+            let bp = tile.bb.as_ptr();
+            for i in (0..g).step_by(16) {
+                let mk: __mmask16 = if g - i >= 16 {
+                    !0
+                } else {
+                    (1u16 << (g - i)) - 1
+                };
+                // SAFETY: masked to i..g: inside each tile row's `bb`
+                // (t * gp + i.., g <= gp) and each activation row's sums.
+                unsafe {
+                    for t in 0..NR {
+                        let b = _mm512_maskz_loadu_ps(mk, bp.add(t * gp + i));
+                        for r in 0..M {
+                            let sx = _mm512_maskz_loadu_ps(mk, rows.s[r].add(i));
+                            acc[r][t] = _mm512_fmadd_ps(b, sx, acc[r][t]);
                         }
                     }
                 }
-                for (r, a) in res.iter_mut().zip(acc) {
-                    // SAFETY: the CPU has AVX2 (caller's contract).
-                    *r = unsafe { hsum(a) };
-                }
             }
-        };
+        }
+        for r in 0..M {
+            for t in 0..NR {
+                res[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+            }
+        }
     }
 
-    tile_kernel!(dot_avx2, dot4_avx2, "avx2,fma");
-    tile_kernel!(dot_vnni, dot4_vnni, "avx2,fma,avx512vnni,avx512vl");
-
-    /// `res[t] += bb[t] . sums` (the weights' per-16 offsets).
+    /// [`block_avx2`] over `mr` rows, two at a time.
     ///
     /// # Safety
-    /// The CPU must have AVX2 and FMA; `sx` holds `tile.k / 16` values.
+    /// The CPU must have AVX2 and FMA; `r0 + mr <= act.m`, `mr <= MR`,
+    /// `tile.k == act.k`.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn add_offsets(tile: &Tile, sx: &[f32], res: &mut [f32; NR]) {
-        let g = tile.k / 16;
-        let whole = g / 8 * 8;
-        for (t, r) in res.iter_mut().enumerate() {
-            let (_, _, bb) = tile.row(t);
-            let mut acc = _mm256_setzero_ps();
-            for i in (0..whole).step_by(8) {
-                // SAFETY: i + 8 <= whole <= g = bb.len(), and sx.len() >= g.
-                let (b, s) = unsafe {
-                    (
-                        _mm256_loadu_ps(bb.as_ptr().add(i)),
-                        _mm256_loadu_ps(sx.as_ptr().add(i)),
-                    )
-                };
-                acc = _mm256_fmadd_ps(b, s, acc);
+    pub unsafe fn block_avx2_dispatch(
+        tile: &Tile,
+        act: &QuantizedActs,
+        r0: usize,
+        mr: usize,
+        res: &mut [[f32; NR]; MR],
+    ) {
+        let mut r = 0;
+        while r < mr {
+            let two = mr - r >= 2;
+            let mut out = [[0f32; NR]; 2];
+            // SAFETY: rows r0 + r (.. + 1 when `two`) exist (the caller's
+            // contract); the CPU has AVX2 and FMA.
+            unsafe {
+                macro_rules! go {
+                    ($m:literal) => {
+                        match (act.lo.is_empty(), tile.signed) {
+                            (true, false) => block_avx2::<$m, false, false>(
+                                tile,
+                                Rows::new(act, r0 + r),
+                                &mut out,
+                            ),
+                            (false, false) => block_avx2::<$m, true, false>(
+                                tile,
+                                Rows::new(act, r0 + r),
+                                &mut out,
+                            ),
+                            (true, true) => block_avx2::<$m, false, true>(
+                                tile,
+                                Rows::new(act, r0 + r),
+                                &mut out,
+                            ),
+                            (false, true) => {
+                                block_avx2::<$m, true, true>(tile, Rows::new(act, r0 + r), &mut out)
+                            }
+                        }
+                    };
+                }
+                if two {
+                    go!(2)
+                } else {
+                    go!(1)
+                }
             }
-            let tail: f32 = bb[whole..g]
-                .iter()
-                .zip(&sx[whole..g])
-                .map(|(b, s)| b * s)
-                .sum();
-            // SAFETY: the CPU has AVX2 (caller's contract).
-            *r += unsafe { hsum(acc) } + tail;
+            let n = if two { 2 } else { 1 };
+            res[r..r + n].copy_from_slice(&out[..n]);
+            r += n;
+        }
+    }
+
+    /// The 256-bit register block: `M` (<= 2: AVX2 has 16 registers)
+    /// activation rows x [`NR`] weight rows, one 32-block per step; signed
+    /// levels flip back (`u ^ 0x80`) and use the sign trick, since
+    /// `vpmaddubsw` saturates past 63.
+    ///
+    /// # Safety
+    /// As [`block_zmm`], for AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block_avx2<const M: usize, const LO: bool, const SIGNED: bool>(
+        tile: &Tile,
+        rows: Rows<M>,
+        res: &mut [[f32; NR]; 2],
+    ) {
+        let (k, kp) = (tile.k, tile.kp);
+        let (up, ap) = (tile.u.as_ptr(), tile.a8.as_ptr());
+        let flip = _mm256_set1_epi8(-128);
+        let mut acc = [[_mm256_setzero_ps(); NR]; M];
+        for c in 0..k / 32 {
+            // SAFETY: c * 32 < k: 32 levels / 8 scales of each tile row and
+            // 32 levels / 1 scale of each activation row lie inside them.
+            unsafe {
+                for r in 0..M {
+                    let x = _mm256_loadu_si256(rows.q[r].add(c * 32).cast());
+                    let xl = if LO {
+                        _mm256_loadu_si256(rows.lo[r].add(c * 32).cast())
+                    } else {
+                        x
+                    };
+                    let d = _mm256_set1_ps(*rows.d[r].add(c));
+                    for t in 0..NR {
+                        let mut w = _mm256_loadu_si256(up.add(t * kp + c * 32).cast());
+                        if SIGNED {
+                            w = _mm256_xor_si256(w, flip);
+                        }
+                        let mut p = dot4_avx2::<SIGNED>(w, x);
+                        if LO {
+                            p = _mm256_add_epi32(
+                                _mm256_slli_epi32::<8>(p),
+                                dot4_avx2::<SIGNED>(w, xl),
+                            );
+                        }
+                        let sc = _mm256_mul_ps(_mm256_loadu_ps(ap.add(t * kp / 4 + c * 8)), d);
+                        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[r][t]);
+                    }
+                }
+            }
+        }
+        let mut tail = [[0f32; NR]; M];
+        if tile.has_offset {
+            let (g, gp) = (k / 16, kp / 16);
+            let whole = g / 8 * 8;
+            for t in 0..NR {
+                let bb = &tile.bb[t * gp..t * gp + g];
+                for r in 0..M {
+                    // SAFETY: row r's sums hold g values (caller's contract).
+                    let sx = unsafe { std::slice::from_raw_parts(rows.s[r], g) };
+                    for i in (0..whole).step_by(8) {
+                        // SAFETY: i + 8 <= whole <= g, both slices hold g.
+                        unsafe {
+                            let b = _mm256_loadu_ps(bb.as_ptr().add(i));
+                            let s = _mm256_loadu_ps(sx.as_ptr().add(i));
+                            acc[r][t] = _mm256_fmadd_ps(b, s, acc[r][t]);
+                        }
+                    }
+                    tail[r][t] = bb[whole..]
+                        .iter()
+                        .zip(&sx[whole..])
+                        .map(|(b, s)| b * s)
+                        .sum();
+                }
+            }
+        }
+        for r in 0..M {
+            for t in 0..NR {
+                // SAFETY: the CPU has AVX2 (caller's contract).
+                res[r][t] = unsafe { hsum(acc[r][t]) } + tail[r][t];
+            }
         }
     }
 }

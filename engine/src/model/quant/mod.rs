@@ -12,30 +12,38 @@
 //! 2. Up to [`GEMV_MAX_M`] rows (decode), every type but `Q2_K`, `Q3_K`
 //!    and `Q8_K` multiplies
 //!    straight on the file's blocks ([`gemv`]); otherwise:
-//!    [`tile`]: a tile of [`NR`] weight rows is decoded once into 8-bit
-//!    levels (`model_loader::quant::decode_row`: one decoder per layout)
-//!    plus per-32 scale vectors and per-16 offsets, then reused by every
-//!    activation row of the batch, so large batches stay compute-bound.
-//! 3. [`kernels`]: integer dot products of 32 levels at a time (AVX-512
-//!    VNNI `vpdpbusd`, AVX2 `vpmaddubsw`, or portable scalar, chosen once at
-//!    run time), each 16-sum scaled and accumulated in f32.
+//!    [`tile`]: a tile of [`NR`] weight rows is decoded once into unsigned
+//!    8-bit levels (vectorized per type in `tile_decode`; `Q2_K`/`Q3_K`
+//!    through `model_loader::quant::decode_row`) plus per-32 scale vectors
+//!    and per-16 offsets, then reused by every activation row of a panel
+//!    (at most `PANEL_BYTES` of activations, so it stays in L2), so large
+//!    batches stay compute-bound.
+//! 3. [`kernels`]: [`MR`] activation rows x [`NR`] weight rows per register
+//!    block (AVX-512 VNNI `vpdpbusd` on zmm, AVX2 `vpmaddubsw` on 2 rows,
+//!    or portable scalar, chosen once at run time), integer sums per
+//!    16-half scaled and accumulated in f32, offsets folded in at the end.
 //!
 //! Threads: the output columns are split into one stripe per rayon thread
-//! (each writes only its own columns).
+//! (each writes only its own columns and decodes only its own tiles; each
+//! reads the whole activation panel, which with 2 threads costs less than
+//! splitting rows, where every thread would decode every tile).
 //!
 //! Invariants: `k` is a whole number of the type's blocks; the levels fed to
 //! the unsigned kernels lie in 0..=63 (offset types) so `vpmaddubsw` never
-//! saturates; `Q8_0`/`Q8_K` levels go through the sign trick instead.
+//! saturates; `Q8_0`/`Q8_K` levels are stored +128 and the kernels take the
+//! 128 back out in integer arithmetic (exact).
 //!
 //! Cost: O(m n k) integer multiply-adds; memory traffic one pass over the
 //! quantized weights per product (plus the activations once per tile);
-//! scratch O(NR k) per thread and O(m k) for the quantized activations.
+//! scratch O(NR k) per thread and O(m k) for the quantized activations;
+//! tiles are decoded once per panel (one panel up to ~176 rows at k = 1536).
 
 pub mod act;
 pub mod gemv;
 mod gemv_k;
 pub mod kernels;
 pub mod tile;
+mod tile_decode;
 
 #[cfg(test)]
 mod tests;
@@ -45,7 +53,7 @@ use rayon::prelude::*;
 
 use crate::model::linear::SendPtr;
 pub use act::{ActPrecision, QuantizedActs};
-pub use kernels::Isa;
+pub use kernels::{Isa, MR};
 use tile::Tile;
 
 /// Weight rows decoded and multiplied together.
@@ -54,6 +62,22 @@ pub const NR: usize = 4;
 /// Up to this many activation rows, the supported types multiply straight
 /// on the file's blocks ([`gemv`]) instead of decoding tiles.
 pub const GEMV_MAX_M: usize = 4;
+
+/// Bytes of quantized activations one panel may hold (inside a 1 MiB L2
+/// with the tile and the output beside it; measured single-threaded on
+/// Q4_K 1536 x 1536: 256 rows (0.8 MiB) ran near the 128-row speed, 1024
+/// rows without panels at about half of it).
+const PANEL_BYTES: usize = 640 << 10;
+
+/// Activation rows per panel for `m` rows: panels of equal size (a
+/// multiple of [`MR`]) holding at most [`PANEL_BYTES`] each, where one
+/// block of rows allows.
+fn panel_rows(m: usize, k: usize, two_levels: bool) -> usize {
+    let per_row = k * if two_levels { 2 } else { 1 } + k / 8 + k / 4;
+    let most = (PANEL_BYTES / per_row.max(1) / MR).max(1) * MR;
+    let panels = m.div_ceil(most).max(1);
+    m.div_ceil(panels).div_ceil(MR) * MR
+}
 
 /// Below this many multiply-adds a single thread is cheaper than a fork.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
@@ -142,36 +166,56 @@ pub fn matmul(
     };
     let per = n.div_ceil(stripes).div_ceil(NR) * NR;
     let dst = SendPtr(out.as_mut_ptr());
+    let direct = m <= GEMV_MAX_M && gemv::supported(isa, w.ty);
     let run = |c0: usize| {
         let c1 = (c0 + per).min(n);
-        let direct = m <= GEMV_MAX_M && gemv::supported(isa, w.ty);
-        let mut tile = (!direct).then(|| Tile::new(w.ty, k));
-        let mut res = [0f32; NR];
-        let mut j = c0;
-        while j < c1 {
-            let nr = NR.min(c1 - j);
-            if let Some(tile) = &mut tile {
+        let put = |r: usize, j: usize, vals: &[f32]| {
+            for (t, v) in vals.iter().enumerate() {
+                // SAFETY: r < m and j + t < c1 <= n <= ldo (callers pass
+                // at most c1 - j values), so the index r * ldo + j + t is
+                // below (m - 1) * ldo + n <= out.len() (asserted above).
+                // Columns j..c1 belong to this stripe only, and `out` is
+                // exclusively borrowed for the call.
+                unsafe {
+                    let p = dst.get().add(r * ldo + j + t);
+                    *p = if accumulate { *p + v } else { *v };
+                }
+            }
+        };
+        if direct {
+            let mut j = c0;
+            let mut res = [0f32; NR];
+            while j < c1 {
+                let nr = NR.min(c1 - j);
+                for r in 0..m {
+                    gemv::dot_rows(isa, w, j, nr, act, r, &mut res);
+                    put(r, j, &res[..nr]);
+                }
+                j += nr;
+            }
+            return;
+        }
+        // One tile of NR weight rows decoded at a time (L1), multiplied by
+        // a panel of activation rows, MR at a time; the panel is sized to
+        // stay in L2 (long prompts: the tiles are decoded once per panel).
+        let mut tile = Tile::new(w.ty, k);
+        let mut res = [[0f32; NR]; MR];
+        let panel = panel_rows(m, k, !act.lo.is_empty());
+        for p0 in (0..m).step_by(panel) {
+            let p1 = (p0 + panel).min(m);
+            let mut j = c0;
+            while j < c1 {
+                let nr = NR.min(c1 - j);
                 tile.decode(w, j, nr);
-            }
-            for r in 0..m {
-                match &tile {
-                    Some(tile) => kernels::dot_tile(isa, tile, act, r, &mut res),
-                    None => {
-                        gemv::dot_rows(isa, w, j, nr, act, r, &mut res);
+                for r0 in (p0..p1).step_by(MR) {
+                    let mr = MR.min(p1 - r0);
+                    kernels::dot_block(isa, &tile, act, r0, mr, &mut res);
+                    for (r, vals) in res.iter().enumerate().take(mr) {
+                        put(r0 + r, j, &vals[..nr]);
                     }
                 }
-                for (t, v) in res.iter().enumerate().take(nr) {
-                    // SAFETY: r < m and j + t < c1 <= n <= ldo, so the index
-                    // r * ldo + j + t is below (m - 1) * ldo + n <= out.len()
-                    // (asserted above). Columns j..c1 belong to this stripe
-                    // only, and `out` is exclusively borrowed for the call.
-                    unsafe {
-                        let p = dst.get().add(r * ldo + j + t);
-                        *p = if accumulate { *p + v } else { *v };
-                    }
-                }
+                j += nr;
             }
-            j += nr;
         }
     };
     if stripes == 1 {

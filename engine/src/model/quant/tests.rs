@@ -119,21 +119,70 @@ fn quantized_product_is_close_to_the_f32_product() {
 }
 
 #[test]
-fn fast_legacy_decode_equals_the_generic_decoders() {
-    // Q4_0/Q4_1/Q8_0 take tile::decode_legacy; the kernels' results must
-    // equal those of the scalar reference on the same tile either way, and
-    // the decoded weights must equal model-loader's dequantization.
+fn tile_decode_equals_the_generic_decoders_for_every_type() {
+    // The fast decoders (tile_decode) and the generic path must give the
+    // same bits; and the tile's form must give back model-loader's
+    // dequantization (`a * (u - 128)` for the signed types, whose 128 the
+    // kernels take out, else `a * u + bb`).
     let mut rng = ChaCha8Rng::seed_from_u64(6);
-    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
-        let w = qmatrix(ty, NR, 96, &mut rng);
-        let mut tile = Tile::new(ty, 96);
+    for ty in QuantType::ALL {
+        let k = 3 * ty.block_len();
+        let w = qmatrix(ty, NR, k, &mut rng);
+        let mut tile = Tile::new(ty, k);
         tile.decode(&w, 0, NR);
         let wf = w.to_f32();
+        let rb = w.row_bytes();
         for t in 0..NR {
             let (u, a8, bb) = tile.row(t);
-            for i in 0..96 {
-                let v = a8[i / 32 * 8 + (i % 32) / 16 * 4] * f32::from(u[i]) + bb[i / 16];
-                assert_eq!(v, wf[t * 96 + i], "{} row {t} [{i}]", ty.name());
+            let (gu, ga, gb) = tile::decode_row_generic(ty, &w.bytes[t * rb..(t + 1) * rb], k);
+            assert_eq!(u, &gu[..], "{} row {t}: levels", ty.name());
+            assert_eq!(a8, &ga[..], "{} row {t}: scales", ty.name());
+            assert_eq!(bb, &gb[..], "{} row {t}: offsets", ty.name());
+            for i in 0..k {
+                let a = f64::from(a8[i / 32 * 8 + (i % 32) / 16 * 4]);
+                let v = if tile.signed {
+                    a * (f64::from(u[i]) - 128.0)
+                } else {
+                    a * f64::from(u[i]) + f64::from(bb[i / 16])
+                };
+                let e = f64::from(wf[t * k + i]);
+                assert!(
+                    (v - e).abs() <= 1e-6 * (1.0 + e.abs()),
+                    "{} row {t} [{i}]: {v} vs {e}",
+                    ty.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn register_blocks_match_f64_on_row_and_column_tails() {
+    // m = 1..=9 covers every row-block remainder (MR = 4) twice; n = 7
+    // leaves a partial weight tile; k = 3 blocks of 32 ends on a half
+    // 512-bit step. Both activation precisions, every kernel family.
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    for ty in QuantType::ALL {
+        let k = if ty.block_len() == 256 { 256 } else { 96 };
+        let n = 7;
+        let w = qmatrix(ty, n, k, &mut rng);
+        for m in GEMV_MAX_M + 1..=GEMV_MAX_M + 2 * MR + 1 {
+            let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            for p in [ActPrecision::One8, ActPrecision::Two8] {
+                let act = QuantizedActs::with_precision(&x, m, k, p);
+                let want = reference(&act, &w);
+                for isa in Isa::available() {
+                    let mut out = vec![f32::NAN; m * n];
+                    matmul(&act, &w, &mut out, n, false, isa);
+                    for (i, (g, e)) in out.iter().zip(&want).enumerate() {
+                        let tol = 1e-4 * (1.0 + e.abs()) * (k as f64).sqrt();
+                        assert!(
+                            (f64::from(*g) - e).abs() <= tol,
+                            "{} {isa:?} {p:?} m={m} [{i}]: {g} vs {e}",
+                            ty.name()
+                        );
+                    }
+                }
             }
         }
     }
@@ -242,5 +291,33 @@ fn vectorized_activation_quantization_is_bit_identical_to_the_portable_one() {
         // The ties round away from zero (f32::round), as llama.cpp's
         // quantize_row_q8_0 does with roundf.
         assert_eq!(&b.q[1..4], &[-31, -30, -29], "{p:?} ties");
+    }
+}
+
+#[test]
+fn long_prompts_split_into_panels_with_the_same_results() {
+    // k = 2048 at two levels: a panel holds fewer than 140 rows, so the
+    // rows run as two panels, each re-decoding the tiles.
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let (m, n, k) = (140, 6, 2048);
+    let panel = panel_rows(m, k, true);
+    assert!(
+        panel < m && panel.is_multiple_of(MR),
+        "panel of {panel} rows"
+    );
+    let w = qmatrix(QuantType::Q4_1, n, k, &mut rng);
+    let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+    let act = QuantizedActs::new(&x, m, k);
+    let want = reference(&act, &w);
+    for isa in Isa::available() {
+        let mut out = vec![f32::NAN; m * n];
+        matmul(&act, &w, &mut out, n, false, isa);
+        for (i, (g, e)) in out.iter().zip(&want).enumerate() {
+            let tol = 1e-4 * (1.0 + e.abs()) * (k as f64).sqrt();
+            assert!(
+                (f64::from(*g) - e).abs() <= tol,
+                "{isa:?} [{i}]: {g} vs {e}"
+            );
+        }
     }
 }

@@ -1,79 +1,109 @@
 //! A tile of [`NR`] weight rows decoded for the integer kernels.
 //!
-//! Per row: levels `u` (`k` bytes), per-32 scale vectors `a8` (the scales
-//! of the two 16-halves, each repeated 4 times, matching the 8 i32 lanes an
-//! AVX2 `vpmaddwd` leaves), and per-16 offsets `bb`.
+//! Per row, padded with zeros to `kp` (`k` rounded up to 64, one 512-bit
+//! step): unsigned levels `u` (`kp` bytes), per-32 scale vectors `a8` (the
+//! scales of the two 16-halves, each repeated 4 times, matching the i32
+//! lanes `vpdpbusd` leaves: two consecutive blocks fill the 16 lanes of a
+//! zmm register), and per-16 offsets `bb`.
 //!
-//! Unsigned mode (every type but `Q8_0`/`Q8_K`): `u = q + off` lies in
-//! 0..=63 and `bb = b - a * off`, so `w = a * u + bb` exactly as
-//! `a * q + b`. Signed mode: `u = q` (-128..127) and `bb = 0`.
+//! Every type is stored unsigned: `u = q + off` with the type's
+//! [`level_offset`]. Offset types (levels 0..=63, so `vpmaddubsw` never
+//! saturates) fold the offset into `bb = b - a * off`, so `w = a * u + bb`
+//! exactly as `a * q + b`. Signed tiles (`Q8_0`/`Q8_K`: `u = q + 128`, i.e.
+//! `q ^ 0x80`, in 0..=255) keep `bb = b = 0` and the kernels take the 128
+//! back out in integer arithmetic (VNNI: minus `128 * sum(x)`; AVX2: flip
+//! the bit back and use the sign trick), so their dot products stay exact.
 //!
-//! Invariant: rows past the decoded count are zero (their results are
-//! computed and discarded). Cost: O(NR k) per decode, no allocation.
+//! Decoding: the common file types (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`,
+//! `Q4_K`, `Q5_K`, `Q6_K`) are unpacked straight into the tile's form with
+//! fixed-size inner loops the compiler vectorizes ([`super::tile_decode`]);
+//! `Q2_K`, `Q3_K` and `Q8_K` go through `model_loader::quant::decode_row`.
+//! Both give the same bits (tested).
+//!
+//! Invariant: rows past the decoded count, and columns `k..kp`, are zero
+//! (their products are zero or discarded). Cost: O(NR k) per decode, no
+//! allocation.
 
 use model_loader::quant::{decode_row, GROUP};
 use model_loader::QuantType;
 
+use super::tile_decode::decode_fast;
 use super::{QMatrix, NR};
+
+/// Values per kernel step (one zmm of levels).
+pub const STEP: usize = 64;
 
 /// The decoded rows.
 pub struct Tile {
     pub k: usize,
-    /// Levels stored as `i8` (unsigned mode keeps them non-negative).
-    pub u: Vec<i8>,
-    /// `[NR, k / 32 * 8]`.
+    /// `k` rounded up to [`STEP`]: the row stride of `u`.
+    pub kp: usize,
+    /// `[NR, kp]` unsigned levels.
+    pub u: Vec<u8>,
+    /// `[NR, kp / 4]`.
     pub a8: Vec<f32>,
-    /// `[NR, k / 16]`.
+    /// `[NR, kp / 16]`.
     pub bb: Vec<f32>,
-    /// True for `Q8_0` / `Q8_K` (sign trick in the kernels).
+    /// True for `Q8_0` / `Q8_K` (`u = q + 128`, not folded into `bb`).
     pub signed: bool,
     /// True when `bb` may be non-zero.
     pub has_offset: bool,
-    off: i8,
+    ty: QuantType,
+    off: i16,
+    q: Vec<i8>,
     a: Vec<f32>,
     b: Vec<f32>,
 }
 
-/// The level offset that makes a type's levels non-negative (unsigned
-/// mode), or `None` for the signed types.
-pub fn level_offset(ty: QuantType) -> Option<i8> {
+/// The level offset that makes a type's levels non-negative.
+pub fn level_offset(ty: QuantType) -> i16 {
     match ty {
-        QuantType::Q8_0 | QuantType::Q8K => None,
-        QuantType::Q4_0 => Some(8),
-        QuantType::Q5_0 => Some(16),
-        QuantType::Q3K => Some(4),
-        QuantType::Q6K => Some(32),
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q2K | QuantType::Q4K | QuantType::Q5K => {
-            Some(0)
-        }
+        QuantType::Q8_0 | QuantType::Q8K => 128,
+        QuantType::Q4_0 => 8,
+        QuantType::Q5_0 => 16,
+        QuantType::Q3K => 4,
+        QuantType::Q6K => 32,
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q2K | QuantType::Q4K | QuantType::Q5K => 0,
     }
+}
+
+/// `b - a * off`: the offset of a level stored with `off` added (one
+/// expression, shared by every decoder so their bits agree).
+#[inline(always)]
+pub(super) fn fold(a: f32, b: f32, off: f32) -> f32 {
+    b - a * off
 }
 
 impl Tile {
     /// An empty tile for rows of `k` values of type `ty`.
     pub fn new(ty: QuantType, k: usize) -> Self {
         let off = level_offset(ty);
+        let kp = k.div_ceil(STEP) * STEP;
         Self {
             k,
-            u: vec![0; NR * k],
-            a8: vec![0.0; NR * k / 4],
-            bb: vec![0.0; NR * k / GROUP],
-            signed: off.is_none(),
-            has_offset: off.is_some_and(|o| o != 0) || ty.has_offset(),
-            off: off.unwrap_or(0),
-            a: vec![0.0; k / GROUP],
-            b: vec![0.0; k / GROUP],
+            kp,
+            u: vec![0; NR * kp],
+            a8: vec![0.0; NR * kp / 4],
+            bb: vec![0.0; NR * kp / GROUP],
+            signed: off == 128,
+            has_offset: (off != 0 && off != 128) || ty.has_offset(),
+            ty,
+            off,
+            q: Vec::new(),
+            a: Vec::new(),
+            b: Vec::new(),
         }
     }
 
     /// Decodes rows `j..j + nr` of `w` (`nr <= NR`); the rest become zero.
     pub fn decode(&mut self, w: &QMatrix, j: usize, nr: usize) {
-        let (k, rb) = (self.k, w.row_bytes());
-        let g = k / GROUP;
+        debug_assert_eq!(w.ty, self.ty, "Tile::decode: type");
+        let (k, kp, rb) = (self.k, self.kp, w.row_bytes());
+        let gp = kp / GROUP;
         for t in 0..NR {
-            let u = &mut self.u[t * k..(t + 1) * k];
-            let a8 = &mut self.a8[t * k / 4..(t + 1) * k / 4];
-            let bb = &mut self.bb[t * g..(t + 1) * g];
+            let u = &mut self.u[t * kp..t * kp + k];
+            let a8 = &mut self.a8[t * kp / 4..t * kp / 4 + k / 4];
+            let bb = &mut self.bb[t * gp..t * gp + k / GROUP];
             if t >= nr {
                 u.fill(0);
                 a8.fill(0.0);
@@ -81,86 +111,82 @@ impl Tile {
                 continue;
             }
             let row = &w.bytes[(j + t) * rb..(j + t + 1) * rb];
-            if decode_legacy(w.ty, row, u, a8, bb) {
+            if decode_fast(w.ty, row, u, a8, bb) {
                 continue;
             }
-            decode_row(w.ty, row, u, &mut self.a, &mut self.b);
-            if self.off != 0 {
-                for v in u.iter_mut() {
-                    *v += self.off;
-                }
-            }
-            for (c, a8c) in a8.chunks_exact_mut(8).enumerate() {
-                a8c[..4].fill(self.a[2 * c]);
-                a8c[4..].fill(self.a[2 * c + 1]);
-            }
-            let off = f32::from(self.off);
-            for ((o, &a), &b) in bb.iter_mut().zip(&self.a).zip(&self.b) {
-                *o = b - a * off;
-            }
+            decode_generic(
+                w.ty,
+                self.off,
+                row,
+                u,
+                a8,
+                bb,
+                (&mut self.q, &mut self.a, &mut self.b),
+            );
         }
     }
 
-    /// Row `t`'s levels, scale vectors and offsets (the tile's decoded form).
-    pub fn row(&self, t: usize) -> (&[i8], &[f32], &[f32]) {
-        let (k, g) = (self.k, self.k / GROUP);
+    /// Row `t`'s levels (`k`), scale vectors (`k / 4`) and offsets
+    /// (`k / 16`).
+    pub fn row(&self, t: usize) -> (&[u8], &[f32], &[f32]) {
+        let (k, kp) = (self.k, self.kp);
+        let gp = kp / GROUP;
         (
-            &self.u[t * k..(t + 1) * k],
-            &self.a8[t * k / 4..(t + 1) * k / 4],
-            &self.bb[t * g..(t + 1) * g],
+            &self.u[t * kp..t * kp + k],
+            &self.a8[t * kp / 4..t * kp / 4 + k / 4],
+            &self.bb[t * gp..t * gp + k / GROUP],
         )
     }
 }
 
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+/// Any type through `model_loader`'s decoder, then the offset folded in.
+fn decode_generic(
+    ty: QuantType,
+    off: i16,
+    row: &[u8],
+    u: &mut [u8],
+    a8: &mut [f32],
+    bb: &mut [f32],
+    (q, a, b): (&mut Vec<i8>, &mut Vec<f32>, &mut Vec<f32>),
+) {
+    let k = u.len();
+    q.resize(k, 0);
+    a.resize(k / GROUP, 0.0);
+    b.resize(k / GROUP, 0.0);
+    decode_row(ty, row, q, a, b);
+    for (o, &v) in u.iter_mut().zip(q.iter()) {
+        // In range by `level_offset`: 0..=255.
+        *o = (i16::from(v) + off) as u8;
+    }
+    for (c, a8c) in a8.chunks_exact_mut(8).enumerate() {
+        a8c[..4].fill(a[2 * c]);
+        a8c[4..].fill(a[2 * c + 1]);
+    }
+    // The signed types' 128 is taken out by the kernels, not by `bb`.
+    let off = if off == 128 { 0.0 } else { f32::from(off) };
+    for ((o, &a), &b) in bb.iter_mut().zip(a.iter()).zip(b.iter()) {
+        *o = fold(a, b, off);
+    }
 }
 
-/// Fast path for the 32-element types: decodes a row straight into the
-/// tile's form (levels with the offset folded in, `a8`, `bb`), with
-/// fixed-size inner loops the compiler vectorizes. Returns false for other
-/// types. Same values as the generic path (tested).
-fn decode_legacy(ty: QuantType, row: &[u8], u: &mut [i8], a8: &mut [f32], bb: &mut [f32]) -> bool {
-    let bb_len = bb.len();
-    let blocks = u.chunks_exact_mut(32).zip(a8.chunks_exact_mut(8));
-    let mut bbs = bb.chunks_exact_mut(2);
-    match ty {
-        QuantType::Q4_0 | QuantType::Q4_1 => {
-            let bytes = if ty == QuantType::Q4_0 { 18 } else { 20 };
-            for ((blk, (uc, a8c)), bbc) in row.chunks_exact(bytes).zip(blocks).zip(&mut bbs) {
-                let d = f16_at(blk, 0);
-                let qs: &[u8; 16] = match blk[bytes - 16..].try_into() {
-                    Ok(q) => q,
-                    Err(_) => return false,
-                };
-                let uc: &mut [i8; 32] = match uc.try_into() {
-                    Ok(u) => u,
-                    Err(_) => return false,
-                };
-                // Fixed-size arrays: no bounds checks, one vector op each.
-                let lo: [i8; 16] = std::array::from_fn(|j| (qs[j] & 0x0f) as i8);
-                let hi: [i8; 16] = std::array::from_fn(|j| (qs[j] >> 4) as i8);
-                uc[..16].copy_from_slice(&lo);
-                uc[16..].copy_from_slice(&hi);
-                a8c.fill(d);
-                // Q4_0: q - 8 with offset 8 folded: bb = -8 d. Q4_1: bb = m.
-                bbc.fill(if ty == QuantType::Q4_0 {
-                    -8.0 * d
-                } else {
-                    f16_at(blk, 2)
-                });
-            }
-        }
-        QuantType::Q8_0 => {
-            for (blk, (uc, a8c)) in row.chunks_exact(34).zip(blocks) {
-                for (o, &v) in uc.iter_mut().zip(&blk[2..34]) {
-                    *o = v as i8;
-                }
-                a8c.fill(f16_at(blk, 0));
-            }
-            bb[..bb_len].fill(0.0);
-        }
-        _ => return false,
-    }
-    true
+/// Test access: the generic decoder into a tile's form (`u`, `a8`, `bb`
+/// for one row of `k` values).
+#[cfg(test)]
+pub(super) fn decode_row_generic(
+    ty: QuantType,
+    row: &[u8],
+    k: usize,
+) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+    let (mut u, mut a8, mut bb) = (vec![0u8; k], vec![0f32; k / 4], vec![0f32; k / GROUP]);
+    let mut s = (Vec::new(), Vec::new(), Vec::new());
+    decode_generic(
+        ty,
+        level_offset(ty),
+        row,
+        &mut u,
+        &mut a8,
+        &mut bb,
+        (&mut s.0, &mut s.1, &mut s.2),
+    );
+    (u, a8, bb)
 }
