@@ -20,8 +20,8 @@
 //!    VNNI `vpdpbusd`, AVX2 `vpmaddubsw`, or portable scalar, chosen once at
 //!    run time), each 16-sum scaled and accumulated in f32.
 //!
-//! Threads: the output columns are split into one stripe per rayon thread
-//! (each writes only its own columns).
+//! Threads: the output columns are split into one stripe per thread of
+//! [`par`] (each writes only its own columns).
 //!
 //! Invariants: `k` is a whole number of the type's blocks; the levels fed to
 //! the unsigned kernels lie in 0..=63 (offset types) so `vpmaddubsw` never
@@ -41,9 +41,9 @@ pub mod tile;
 mod tests;
 
 use model_loader::{QuantTensor, QuantType};
-use rayon::prelude::*;
 
 use crate::model::linear::SendPtr;
+use crate::model::par;
 pub use act::{ActPrecision, QuantizedActs};
 pub use kernels::Isa;
 use tile::Tile;
@@ -134,11 +134,11 @@ pub fn matmul(
         return;
     }
     assert!(out.len() >= (m - 1) * ldo + n, "matmul: output too short");
-    let threads = rayon::current_num_threads().max(1);
+    let threads = par::threads();
     let stripes = if m * n * k < PARALLEL_MIN_WORK || threads == 1 {
         1
     } else {
-        threads
+        threads * par::TASKS_PER_THREAD
     };
     let per = n.div_ceil(stripes).div_ceil(NR) * NR;
     let dst = SendPtr(out.as_mut_ptr());
@@ -174,13 +174,5 @@ pub fn matmul(
             j += nr;
         }
     };
-    if stripes == 1 {
-        run(0);
-    } else {
-        (0..n)
-            .step_by(per)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each(run);
-    }
+    par::for_each(n.div_ceil(per), |s| run(s * per));
 }
