@@ -8,8 +8,9 @@
 //!
 //! f32 weights are row-major `[out, in]` as loaded; the GEMM reads them
 //! transposed through strides (no copy per call). Work is spread over the
-//! [`par`] pool by splitting the output columns into one contiguous stripe per
-//! thread, each stripe a single-threaded `gemm` call: `gemm` runs its
+//! [`par`] pool by splitting the output columns into contiguous stripes
+//! ([`par::TASKS_PER_THREAD`] per thread, claimed dynamically), each stripe a
+//! single-threaded `gemm` call: `gemm` runs its
 //! matrix-vector path (used when there is one row, i.e. decode at batch 1)
 //! on one thread only, and the stripes keep both cores busy at every batch
 //! size. Cost: O(rows x out x in) flops, no allocation beyond gemm's packing

@@ -20,8 +20,9 @@
 //!    VNNI `vpdpbusd`, AVX2 `vpmaddubsw`, or portable scalar, chosen once at
 //!    run time), each 16-sum scaled and accumulated in f32.
 //!
-//! Threads: the output columns are split into one stripe per thread of
-//! [`par`] (each writes only its own columns).
+//! Threads: the output columns are split into stripes of whole `NR`
+//! tiles, [`par::TASKS_PER_THREAD`] per thread of [`par`], claimed
+//! dynamically (each writes only its own columns).
 //!
 //! Invariants: `k` is a whole number of the type's blocks; the levels fed to
 //! the unsigned kernels lie in 0..=63 (offset types) so `vpmaddubsw` never
