@@ -90,8 +90,12 @@ fn weight_types(dtype: DtypeArg) -> model_loader::WeightTypes {
     }
 }
 
+/// Sizes the forward pass's pool and rayon's (sampling, grammar masks).
 fn set_threads(threads: Option<usize>) {
     if let Some(n) = threads {
+        if !engine::model::par::set_threads(n) {
+            tracing::warn!(threads = n, "the forward-pass pool was already sized");
+        }
         if let Err(e) = rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build_global()

@@ -12,14 +12,14 @@
 //! head `h` reads KV head `h / (num_heads / num_kv_heads)` (GQA).
 //!
 //! Work is split over (sequence, query head, chunk of `QUERY_CHUNK` query
-//! tokens) tasks on rayon; each task writes a disjoint part of the output.
+//! tokens) tasks on the [`par`] pool; each task writes a disjoint part of the output.
 //! Cost per query: O(p x head_dim) flops and O(p) scratch (thread-local,
 //! reused). Softmax is the max-subtracted form with f32 accumulation.
 
 use super::kv_cache::{KvGeometry, LayerKv};
 use super::ops::{axpy, dot, softmax_in_place};
+use super::par;
 use crate::executor::SeqSpan;
-use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// Query tokens per attention task (balances long prefills over cores).
@@ -142,7 +142,8 @@ pub fn paged_attention(
         out.len() >= rows * out_stride && q.len() >= rows.saturating_sub(1) * q_stride + out_stride
     );
     let out_ptr = OutPtr(out.as_mut_ptr());
-    tasks.par_iter().for_each(|task| {
+    par::for_each(tasks.len(), |t| {
+        let task = &tasks[t];
         SCORES.with(|cell| {
             let mut scores = cell.borrow_mut();
             attend_task(

@@ -8,16 +8,17 @@
 //!
 //! f32 weights are row-major `[out, in]` as loaded; the GEMM reads them
 //! transposed through strides (no copy per call). Work is spread over the
-//! rayon pool by splitting the output columns into one contiguous stripe per
-//! thread, each stripe a single-threaded `gemm` call: `gemm` runs its
+//! [`par`] pool by splitting the output columns into contiguous stripes
+//! ([`par::TASKS_PER_THREAD`] per thread, claimed dynamically), each stripe a
+//! single-threaded `gemm` call: `gemm` runs its
 //! matrix-vector path (used when there is one row, i.e. decode at batch 1)
 //! on one thread only, and the stripes keep both cores busy at every batch
 //! size. Cost: O(rows x out x in) flops, no allocation beyond gemm's packing
 //! (quantized parts: one quantization of the activations per call).
 
 use gemm::{gemm, Parallelism};
-use rayon::prelude::*;
 
+use super::par;
 use super::quant::{self, ActPrecision, Isa, QMatrix, QuantizedActs};
 
 /// Output columns per stripe are rounded to this (a multiple of the kernels' NR).
@@ -177,7 +178,7 @@ impl Linear {
     }
 }
 
-/// A raw pointer that may cross rayon threads; each thread writes a disjoint
+/// A raw pointer that may cross the pool's threads; each thread writes a disjoint
 /// column stripe (here and in the quantized `quant::matmul`).
 #[derive(Clone, Copy)]
 pub(crate) struct SendPtr(pub(crate) *mut f32);
@@ -226,12 +227,12 @@ pub fn matmul_wt_ld(
         return;
     }
     assert!(x.len() >= m * k && w.len() >= n * k && ldo >= n && out.len() >= (m - 1) * ldo + n);
-    let threads = rayon::current_num_threads().max(1);
+    let threads = par::threads();
     let work = m * n * k;
     let stripes = if work < PARALLEL_MIN_WORK || threads == 1 {
         1
     } else {
-        threads
+        threads * par::TASKS_PER_THREAD
     };
     let per = n.div_ceil(stripes).div_ceil(STRIPE_ALIGN) * STRIPE_ALIGN;
     let dst = SendPtr(out.as_mut_ptr());
@@ -267,15 +268,7 @@ pub fn matmul_wt_ld(
             );
         }
     };
-    if stripes == 1 {
-        run(0);
-    } else {
-        (0..n)
-            .step_by(per)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each(run);
-    }
+    par::for_each(n.div_ceil(per), |s| run(s * per));
 }
 
 #[cfg(test)]

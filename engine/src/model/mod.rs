@@ -20,6 +20,7 @@ pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod ops;
+pub mod par;
 pub mod quant;
 
 #[cfg(test)]

@@ -9,29 +9,149 @@
 
 use model_loader::RopeScaling;
 
-/// Width of the manual accumulator split in [`dot`]: 4 AVX registers.
-const LANES: usize = 32;
+/// Lanes of one accumulator in [`dot`] (one AVX register of f32).
+const LANES: usize = 8;
 
-/// Dot product of two equal-length slices, accumulated in f32 with `LANES`
-/// independent partial sums (vectorizes; order differs from a serial sum by
-/// rounding only).
+/// Independent accumulators in [`dot`] (hides the FMA latency).
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+)))]
+const ACCS: usize = 4;
+
+/// Sums 8 lanes as a tree (3 dependent adds; a serial fold is 7, and LLVM
+/// may not reorder float adds itself).
+#[inline]
+fn hsum8(v: [f32; LANES]) -> f32 {
+    let a: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
+    let b = [a[0] + a[2], a[1] + a[3]];
+    b[0] + b[1]
+}
+
+/// Dot product of two equal-length slices, accumulated in f32 in `ACCS`
+/// vectors of `LANES` partial sums reduced as a tree (vectorizes; the order
+/// differs from a serial sum by rounding only). This is the attention's
+/// `q . k` (64 values for SmolLM2): the reduction, not the multiplies,
+/// dominated the old 32-lane serial fold.
+#[cfg(not(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+)))]
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
-    let mut acc = [0.0f32; LANES];
-    let ca = a.chunks_exact(LANES);
-    let cb = b.chunks_exact(LANES);
+    const W: usize = LANES * ACCS;
+    let mut acc = [[0.0f32; LANES]; ACCS];
+    let ca = a.chunks_exact(W);
+    let cb = b.chunks_exact(W);
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
-        for ((s, xv), yv) in acc.iter_mut().zip(x).zip(y) {
-            *s = xv.mul_add(*yv, *s);
+        for (j, accj) in acc.iter_mut().enumerate() {
+            for (l, s) in accj.iter_mut().enumerate() {
+                *s = x[j * LANES + l].mul_add(y[j * LANES + l], *s);
+            }
+        }
+    }
+    let ra8 = ra.chunks_exact(LANES);
+    let rb8 = rb.chunks_exact(LANES);
+    let (ta, tb) = (ra8.remainder(), rb8.remainder());
+    for (x, y) in ra8.zip(rb8) {
+        for (l, s) in acc[0].iter_mut().enumerate() {
+            *s = x[l].mul_add(y[l], *s);
         }
     }
     let mut tail = 0.0f32;
-    for (x, y) in ra.iter().zip(rb) {
+    for (x, y) in ta.iter().zip(tb) {
         tail = x.mul_add(*y, tail);
     }
-    acc.iter().sum::<f32>() + tail
+    let v: [f32; LANES] =
+        std::array::from_fn(|l| (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]));
+    hsum8(v) + tail
+}
+
+/// [`dot`] with AVX2 + FMA (the workspace's `x86-64-v3` baseline): LLVM
+/// turned the portable form into 2-wide vectors with spills (the profile
+/// showed it at half of the attention's time), so it is spelled out: two
+/// 8-wide FMA chains, then a 3-step horizontal add.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len().min(b.len());
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut i = 0;
+    // SAFETY: AVX2 and FMA are enabled at compile time (the cfg above), and
+    // every 8-float load at offset i has i + 8 <= n, inside both slices.
+    let mut total = unsafe {
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        while i + 16 <= n {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), s0);
+            s1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(pa.add(i + 8)),
+                _mm256_loadu_ps(pb.add(i + 8)),
+                s1,
+            );
+            i += 16;
+        }
+        if i + 8 <= n {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), s0);
+            i += 8;
+        }
+        let s = _mm256_add_ps(s0, s1);
+        let q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+        _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)))
+    };
+    for j in i..n {
+        total = a[j].mul_add(b[j], total);
+    }
+    total
+}
+
+/// Sum of a slice, in `LANES` partial sums (vectorizes).
+#[inline]
+pub fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let c = x.chunks_exact(LANES);
+    let tail: f32 = c.remainder().iter().sum();
+    for v in c {
+        for (s, e) in acc.iter_mut().zip(v) {
+            *s += e;
+        }
+    }
+    hsum8(acc) + tail
+}
+
+/// `e^x` in f32, branch-free so that loops over it vectorize (libm's
+/// `expf` is a call per element). Cephes' `expf`: `x = n ln2 + r` with
+/// `|r| <= ln2 / 2` (ln2 split in two for an exact reduction), a degree-5
+/// polynomial for `e^r`, and `2^n` built in the exponent bits; within 2
+/// ulp of the true value over the clamped range. Inputs below -87.3 give
+/// about 1e-38 (not 0), above 88.3 about 2e38 (not infinity); NaN stays NaN.
+#[inline]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.336_54, 88.3);
+    let n = (x * LOG2E + 0.5).floor();
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
+    let mut p = 1.987_569_1e-4f32;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 0.166_666_65);
+    p = p.mul_add(r, 0.5);
+    let y = p.mul_add(r * r, r) + 1.0;
+    // n lies in -126..=127 after the clamp: a normal power of two.
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
 /// `out += alpha * x`.
@@ -67,7 +187,7 @@ pub fn silu_mul(gate_up: &[f32], inter: usize, out: &mut [f32]) {
     {
         let (gate, up) = row.split_at(inter);
         for ((o, g), u) in orow.iter_mut().zip(gate).zip(up) {
-            *o = g / (1.0 + (-g).exp()) * u;
+            *o = g / (1.0 + exp(-g)) * u;
         }
     }
 }
@@ -226,14 +346,25 @@ impl RopeTables {
 }
 
 /// Numerically stable in-place softmax of `x`; returns nothing, `x` sums to 1.
+/// Three vectorized passes (max, exp, scale).
 pub fn softmax_in_place(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+    let mut m = [f32::NEG_INFINITY; LANES];
+    let c = x.chunks_exact(LANES);
+    let tail = c
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for v in c {
+        for (a, e) in m.iter_mut().zip(v) {
+            *a = a.max(*e);
+        }
     }
-    let inv = 1.0 / sum;
+    let max = m.iter().copied().fold(tail, f32::max);
+    for v in x.iter_mut() {
+        *v = exp(*v - max);
+    }
+    let inv = 1.0 / sum(x);
     for v in x.iter_mut() {
         *v *= inv;
     }

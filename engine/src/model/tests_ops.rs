@@ -3,8 +3,8 @@
 use super::attention::{paged_attention, plan, write_kv, AttnParams};
 use super::kv_cache::{KvCache, KvGeometry};
 use super::ops::{
-    dot, gelu_tanh_mul, rms_norm, rms_norm_in_place, rope_inv_freq, silu_mul, softmax_in_place,
-    RopeTables,
+    dot, exp, gelu_tanh_mul, rms_norm, rms_norm_in_place, rope_inv_freq, silu_mul,
+    softmax_in_place, RopeTables,
 };
 use super::test_util::rand_vec;
 use crate::executor::SeqSpan;
@@ -27,7 +27,7 @@ fn close(a: &[f32], b: &[f32], tol: f32) {
 #[test]
 fn dot_and_softmax_match_reference() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    for n in [1, 7, 32, 64, 100] {
+    for n in [1, 7, 8, 32, 40, 64, 100, 129] {
         let (a, b) = (rand_vec(&mut rng, n), rand_vec(&mut rng, n));
         let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
         assert!((dot(&a, &b) as f64 - want).abs() < 1e-5);
@@ -37,6 +37,22 @@ fn dot_and_softmax_match_reference() {
     let e = [(-1.0f64).exp(), 1.0, (-2.0f64).exp()];
     let s: f64 = e.iter().sum();
     close(&x, &e.map(|v| (v / s) as f32), 1e-6);
+}
+
+#[test]
+fn vector_exp_is_within_two_ulp_of_f64_exp() {
+    let mut worst = 0.0f64;
+    let steps = 200_000;
+    for i in 0..=steps {
+        let x = -87.0 + 175.0 * i as f64 / steps as f64;
+        let want = (x as f32 as f64).exp();
+        let rel = (exp(x as f32) as f64 - want).abs() / want;
+        worst = worst.max(rel);
+    }
+    // 2 ulp of f32 is 2^-22 relative, about 2.4e-7.
+    assert!(worst < 2.4e-7, "worst relative error {worst:e}");
+    assert_eq!(exp(0.0), 1.0);
+    assert!(exp(-1000.0) < 1e-37 && exp(1000.0).is_finite() && exp(f32::NAN).is_nan());
 }
 
 #[test]

@@ -23,10 +23,11 @@
 //!    or portable scalar, chosen once at run time), integer sums per
 //!    16-half scaled and accumulated in f32, offsets folded in at the end.
 //!
-//! Threads: the output columns are split into one stripe per rayon thread
-//! (each writes only its own columns and decodes only its own tiles; each
-//! reads the whole activation panel, which with 2 threads costs less than
-//! splitting rows, where every thread would decode every tile).
+//! Threads: the output columns are split into stripes of whole `NR`
+//! tiles, [`par::TASKS_PER_THREAD`] per thread of [`par`], claimed
+//! dynamically (each writes only its own columns and decodes only its own
+//! tiles; each reads the whole activation panel, which with 2 threads costs
+//! less than splitting rows, where every thread would decode every tile).
 //!
 //! Invariants: `k` is a whole number of the type's blocks; the levels fed to
 //! the unsigned kernels lie in 0..=63 (offset types) so `vpmaddubsw` never
@@ -49,9 +50,9 @@ mod tile_decode;
 mod tests;
 
 use model_loader::{QuantTensor, QuantType};
-use rayon::prelude::*;
 
 use crate::model::linear::SendPtr;
+use crate::model::par;
 pub use act::{ActPrecision, QuantizedActs};
 pub use kernels::{Isa, MR};
 use tile::Tile;
@@ -158,11 +159,11 @@ pub fn matmul(
         return;
     }
     assert!(out.len() >= (m - 1) * ldo + n, "matmul: output too short");
-    let threads = rayon::current_num_threads().max(1);
+    let threads = par::threads();
     let stripes = if m * n * k < PARALLEL_MIN_WORK || threads == 1 {
         1
     } else {
-        threads
+        threads * par::TASKS_PER_THREAD
     };
     let per = n.div_ceil(stripes).div_ceil(NR) * NR;
     let dst = SendPtr(out.as_mut_ptr());
@@ -218,13 +219,5 @@ pub fn matmul(
             }
         }
     };
-    if stripes == 1 {
-        run(0);
-    } else {
-        (0..n)
-            .step_by(per)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each(run);
-    }
+    par::for_each(n.div_ceil(per), |s| run(s * per));
 }
