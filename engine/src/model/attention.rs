@@ -16,8 +16,9 @@
 //! Cost per query: O(p x head_dim) flops and O(p) scratch (thread-local,
 //! reused). Softmax is the max-subtracted form with f32 accumulation.
 
+use super::attn_rows;
 use super::kv_cache::{KvGeometry, LayerKv};
-use super::ops::{axpy, dot, softmax_in_place};
+use super::ops::softmax_in_place;
 use super::par;
 use crate::executor::SeqSpan;
 use std::cell::RefCell;
@@ -114,8 +115,16 @@ impl AttnParams {
     }
 }
 
+/// Per-thread scratch of one query row: its keys' pool addresses and
+/// scores.
+#[derive(Default)]
+struct RowScratch {
+    addrs: Vec<usize>,
+    scores: Vec<f32>,
+}
+
 thread_local! {
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<RowScratch> = RefCell::new(RowScratch::default());
 }
 
 /// Causal paged attention for one layer.
@@ -144,8 +153,8 @@ pub fn paged_attention(
     let out_ptr = OutPtr(out.as_mut_ptr());
     par::for_each(tasks.len(), |t| {
         let task = &tasks[t];
-        SCORES.with(|cell| {
-            let mut scores = cell.borrow_mut();
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
             attend_task(
                 params,
                 q,
@@ -157,7 +166,7 @@ pub fn paged_attention(
                 num_heads,
                 out_ptr,
                 out_stride,
-                &mut scores,
+                &mut scratch,
             );
         });
     });
@@ -175,7 +184,7 @@ fn attend_task(
     num_heads: usize,
     out_ptr: OutPtr,
     out_stride: usize,
-    scores: &mut Vec<f32>,
+    scratch: &mut RowScratch,
 ) {
     let hd = geom.head_dim;
     let bs = geom.block_size;
@@ -193,10 +202,11 @@ fn attend_task(
         let n_keys = past + i + 1;
         let first = params.window.map_or(0, |w| n_keys.saturating_sub(w));
         let qv = &q[row * q_stride + task.head * hd..][..hd];
-        scores.clear();
-        keys.each(first, n_keys, |_, at| {
-            scores.push(dot(qv, &layer.k[at..][..hd]) * params.scale);
-        });
+        let RowScratch { addrs, scores } = scratch;
+        addrs.clear();
+        keys.each(first, n_keys, |_, at| addrs.push(at));
+        scores.resize(addrs.len(), 0.0);
+        attn_rows::scores(qv, &layer.k, addrs, params.scale, scores);
         softmax_in_place(scores);
         // SAFETY: (row, task.head) is owned by this task alone (tasks are
         // disjoint in (sequence row, head)); the range lies inside `out`
@@ -205,10 +215,7 @@ fn attend_task(
         let o = unsafe {
             std::slice::from_raw_parts_mut(out_ptr.get().add(row * out_stride + task.head * hd), hd)
         };
-        o.fill(0.0);
-        keys.each(first, n_keys, |j, at| {
-            axpy(scores[j - first], &layer.v[at..][..hd], o);
-        });
+        attn_rows::weighted_sum(scores, &layer.v, addrs, o);
     }
 }
 

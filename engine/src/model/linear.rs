@@ -19,7 +19,7 @@
 use gemm::{gemm, Parallelism};
 
 use super::par;
-use super::quant::{self, ActPrecision, Isa, QMatrix, QuantizedActs};
+use super::quant::{self, ActPrecision, Isa, QMatrix};
 
 /// Output columns per stripe are rounded to this (a multiple of the kernels' NR).
 const STRIPE_ALIGN: usize = 32;
@@ -149,7 +149,7 @@ impl Linear {
         let (n, k) = (self.out_features, self.in_features);
         let act = self
             .is_quantized()
-            .then(|| QuantizedActs::with_precision(x, rows, k, self.act));
+            .then(|| quant::quantize_acts(x, rows, k, self.act, isa));
         let mut c0 = 0;
         for p in &self.parts {
             let start = c0.min(out.len());

@@ -15,6 +15,7 @@
 //! (full causal attention), which is exact for contexts up to the window.
 
 pub mod attention;
+mod attn_rows;
 pub mod batch;
 pub mod kv_cache;
 pub mod linear;

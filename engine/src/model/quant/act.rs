@@ -40,6 +40,9 @@ pub struct QuantizedActs {
     pub d: Vec<f32>,
     /// `[m, k / 16]` scaled sums of 16 values.
     pub sums: Vec<f32>,
+    /// The whole groups of rows again in the lane kernel's order, when
+    /// built ([`QuantizedActs::with_lanes`]).
+    pub lanes: Option<super::lanes::LaneActs>,
 }
 
 /// One row of [`QuantizedActs`].
@@ -86,7 +89,16 @@ impl QuantizedActs {
             lo: vec![0i8; if p == ActPrecision::Two8 { m * k } else { 0 }],
             d: vec![0f32; m * k / QA],
             sums: vec![0f32; m * k / 16],
+            lanes: None,
         }
+    }
+
+    /// The same activations with their whole groups of
+    /// [`super::lanes::LANES`] rows also laid out for the lane kernel
+    /// (built once, shared by every weight part of a product).
+    pub fn with_lanes(mut self) -> Self {
+        self.lanes = super::lanes::LaneActs::new(&self);
+        self
     }
 
     /// Row `r`'s levels, scales and sums.

@@ -43,6 +43,7 @@ pub mod act;
 pub mod gemv;
 mod gemv_k;
 pub mod kernels;
+pub mod lanes;
 pub mod tile;
 mod tile_decode;
 
@@ -73,11 +74,12 @@ const PANEL_BYTES: usize = 640 << 10;
 /// Activation rows per panel for `m` rows: panels of equal size (a
 /// multiple of [`MR`]) holding at most [`PANEL_BYTES`] each, where one
 /// block of rows allows.
-fn panel_rows(m: usize, k: usize, two_levels: bool) -> usize {
+/// `align` rows where one block of rows allows.
+fn panel_rows(m: usize, k: usize, two_levels: bool, align: usize) -> usize {
     let per_row = k * if two_levels { 2 } else { 1 } + k / 8 + k / 4;
-    let most = (PANEL_BYTES / per_row.max(1) / MR).max(1) * MR;
+    let most = (PANEL_BYTES / per_row.max(1) / align).max(1) * align;
     let panels = m.div_ceil(most).max(1);
-    m.div_ceil(panels).div_ceil(MR) * MR
+    m.div_ceil(panels).div_ceil(align) * align
 }
 
 /// Below this many multiply-adds a single thread is cheaper than a fork.
@@ -140,8 +142,27 @@ impl QMatrix {
     }
 }
 
+/// True when products with `m` activation rows run the lane kernel
+/// ([`lanes`]) on the whole groups of rows: AVX2 without VNNI (with VNNI
+/// the 512-bit row-major kernel does more per instruction).
+pub fn uses_lanes(isa: Isa, m: usize) -> bool {
+    isa == Isa::Avx2 && m >= lanes::LANES
+}
+
+/// Quantizes `x[m, k]` for products under `isa`: [`QuantizedActs`], with
+/// the lane layout where [`uses_lanes`].
+pub fn quantize_acts(x: &[f32], m: usize, k: usize, p: ActPrecision, isa: Isa) -> QuantizedActs {
+    let a = QuantizedActs::with_precision(x, m, k, p);
+    if uses_lanes(isa, m) {
+        a.with_lanes()
+    } else {
+        a
+    }
+}
+
 /// `out[r * ldo + c] (+)= sum_i act[r, i] * w[c, i]` for `r < act.m`,
-/// `c < w.rows`, using `isa`'s kernels.
+/// `c < w.rows`, using `isa`'s kernels (the lane layout is built here when
+/// [`uses_lanes`] and `act` lacks it; [`quantize_acts`] builds it once).
 ///
 /// Panics if `act.k != w.cols`, `ldo < w.rows` or `out` is too short
 /// (callers size them from the model's shapes).
@@ -168,6 +189,16 @@ pub fn matmul(
     let per = n.div_ceil(stripes).div_ceil(NR) * NR;
     let dst = SendPtr(out.as_mut_ptr());
     let direct = m <= GEMV_MAX_M && gemv::supported(isa, w.ty);
+    let built;
+    let lane_acts = match (&act.lanes, !direct && uses_lanes(isa, m)) {
+        (_, false) => None,
+        (Some(l), true) => Some(l),
+        (None, true) => {
+            built = lanes::LaneActs::new(act);
+            built.as_ref()
+        }
+    };
+    let lane_rows = lane_acts.map_or(0, lanes::LaneActs::rows);
     let run = |c0: usize| {
         let c1 = (c0 + per).min(n);
         let put = |r: usize, j: usize, vals: &[f32]| {
@@ -197,18 +228,31 @@ pub fn matmul(
             return;
         }
         // One tile of NR weight rows decoded at a time (L1), multiplied by
-        // a panel of activation rows, MR at a time; the panel is sized to
-        // stay in L2 (long prompts: the tiles are decoded once per panel).
+        // a panel of activation rows (whole lane groups first, then MR at a
+        // time); the panel is sized to stay in L2 (long prompts: the tiles
+        // are decoded once per panel).
         let mut tile = Tile::new(w.ty, k);
         let mut res = [[0f32; NR]; MR];
-        let panel = panel_rows(m, k, !act.lo.is_empty());
+        let mut res_lanes = [[0f32; NR]; lanes::LANES];
+        let align = if lane_rows > 0 { lanes::LANES } else { MR };
+        let panel = panel_rows(m, k, !act.lo.is_empty(), align);
         for p0 in (0..m).step_by(panel) {
             let p1 = (p0 + panel).min(m);
+            let lane_end = lane_rows.clamp(p0, p1);
             let mut j = c0;
             while j < c1 {
                 let nr = NR.min(c1 - j);
                 tile.decode(w, j, nr);
-                for r0 in (p0..p1).step_by(MR) {
+                if let Some(la) = lane_acts.filter(|_| lane_end > p0) {
+                    tile.widen();
+                    for g in p0 / lanes::LANES..lane_end / lanes::LANES {
+                        lanes::dot_group(&tile, la, g, &mut res_lanes);
+                        for (l, vals) in res_lanes.iter().enumerate() {
+                            put(g * lanes::LANES + l, j, &vals[..nr]);
+                        }
+                    }
+                }
+                for r0 in (lane_end..p1).step_by(MR) {
                     let mr = MR.min(p1 - r0);
                     kernels::dot_block(isa, &tile, act, r0, mr, &mut res);
                     for (r, vals) in res.iter().enumerate().take(mr) {

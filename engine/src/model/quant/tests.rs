@@ -40,7 +40,14 @@ fn every_type_and_kernel_matches_f64_on_odd_shapes() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     for ty in QuantType::ALL {
         let kb = ty.block_len();
-        for &(m, n, k) in &[(1, 1, kb), (3, 7, 3 * kb), (5, 13, 2 * kb), (32, 9, kb)] {
+        for &(m, n, k) in &[
+            (1, 1, kb),
+            (3, 7, 3 * kb),
+            (5, 13, 2 * kb),
+            (8, 5, kb),
+            (19, 6, 2 * kb),
+            (32, 9, kb),
+        ] {
             let w = qmatrix(ty, n, k, &mut rng);
             let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
             for p in [ActPrecision::One8, ActPrecision::Two8] {
@@ -300,11 +307,13 @@ fn long_prompts_split_into_panels_with_the_same_results() {
     // rows run as two panels, each re-decoding the tiles.
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let (m, n, k) = (140, 6, 2048);
-    let panel = panel_rows(m, k, true);
-    assert!(
-        panel < m && panel.is_multiple_of(MR),
-        "panel of {panel} rows"
-    );
+    for align in [MR, super::lanes::LANES] {
+        let panel = panel_rows(m, k, true, align);
+        assert!(
+            panel < m && panel.is_multiple_of(align),
+            "panel of {panel} rows"
+        );
+    }
     let w = qmatrix(QuantType::Q4_1, n, k, &mut rng);
     let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
     let act = QuantizedActs::new(&x, m, k);
@@ -318,6 +327,34 @@ fn long_prompts_split_into_panels_with_the_same_results() {
                 (f64::from(*g) - e).abs() <= tol,
                 "{isa:?} [{i}]: {g} vs {e}"
             );
+        }
+    }
+}
+
+/// The AVX2 lane kernel gives the bits of its portable form, for every type,
+/// both activation precisions and both scale granularities.
+#[test]
+fn lane_kernel_matches_its_portable_form_bit_for_bit() {
+    use super::lanes::{dot_group, scalar_group, LANES};
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for ty in QuantType::ALL {
+        let k = 2 * ty.block_len().max(64);
+        let w = qmatrix(ty, NR, k, &mut rng);
+        let m = 2 * LANES + 3;
+        let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        for p in [ActPrecision::One8, ActPrecision::Two8] {
+            let act = QuantizedActs::with_precision(&x, m, k, p).with_lanes();
+            let la = act.lanes.as_ref().expect("two whole groups");
+            assert_eq!((la.groups, la.rows()), (2, 2 * LANES));
+            let mut tile = Tile::new(ty, k);
+            tile.decode(&w, 0, NR);
+            tile.widen();
+            for g in 0..la.groups {
+                let (mut fast, mut slow) = ([[0f32; NR]; LANES], [[1f32; NR]; LANES]);
+                dot_group(&tile, la, g, &mut fast);
+                scalar_group(&tile, la, g, &mut slow);
+                assert_eq!(fast, slow, "{} {p:?} group {g}", ty.name());
+            }
         }
     }
 }

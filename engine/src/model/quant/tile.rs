@@ -48,6 +48,9 @@ pub struct Tile {
     pub signed: bool,
     /// True when `bb` may be non-zero.
     pub has_offset: bool,
+    /// `[NR, kp]` the levels as i16, the signed types' 128 taken out
+    /// (filled by [`Tile::widen`] for the lane kernel; empty until then).
+    pub w16: Vec<i16>,
     ty: QuantType,
     off: i16,
     q: Vec<i8>,
@@ -87,6 +90,7 @@ impl Tile {
             bb: vec![0.0; NR * kp / GROUP],
             signed: off == 128,
             has_offset: (off != 0 && off != 128) || ty.has_offset(),
+            w16: Vec::new(),
             ty,
             off,
             q: Vec::new(),
@@ -123,6 +127,22 @@ impl Tile {
                 bb,
                 (&mut self.q, &mut self.a, &mut self.b),
             );
+        }
+    }
+
+    /// The weight type decoded.
+    pub fn ty(&self) -> QuantType {
+        self.ty
+    }
+
+    /// Fills [`Tile::w16`] from the decoded levels: `u - 128` for the
+    /// signed types (their true levels), `u` otherwise (the offsets stay
+    /// folded in `bb`). O(NR kp).
+    pub fn widen(&mut self) {
+        let off = if self.signed { 128 } else { 0 };
+        self.w16.resize(self.u.len(), 0);
+        for (o, &u) in self.w16.iter_mut().zip(&self.u) {
+            *o = i16::from(u) - off;
         }
     }
 
