@@ -107,14 +107,21 @@ pub fn half_scales(ty: QuantType) -> bool {
     matches!(ty, QuantType::Q2K | QuantType::Q3K | QuantType::Q6K)
 }
 
-/// `res[l][t] = dot(tile row t, activation row g * LANES + l)`, AVX2.
+/// `res[i][l][t] = dot(tile row t, activation row (g0 + i) * LANES + l)`
+/// for the `G` groups from `g0`, AVX2 (two groups share each weight
+/// broadcast).
 ///
 /// Panics if the tile has no widened levels or disagrees with `la` on
-/// `k`, or `g` is not a group of `la`.
-pub fn dot_group(tile: &Tile, la: &LaneActs, g: usize, res: &mut [[f32; NR]; LANES]) {
+/// `k`, or the groups run past `la`'s.
+pub fn dot_groups<const G: usize>(
+    tile: &Tile,
+    la: &LaneActs,
+    g0: usize,
+    res: &mut [[[f32; NR]; LANES]; G],
+) {
     assert!(
-        tile.k == la.k && g < la.groups && tile.w16.len() >= NR * tile.kp,
-        "dot_group: shapes"
+        tile.k == la.k && g0 + G <= la.groups && tile.w16.len() >= NR * tile.kp,
+        "dot_groups: shapes"
     );
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
@@ -123,18 +130,20 @@ pub fn dot_group(tile: &Tile, la: &LaneActs, g: usize, res: &mut [[f32; NR]; LAN
         // shapes are asserted above.
         unsafe {
             match (half, tile.has_offset) {
-                (false, false) => x86::group::<false, false>(tile, la, g, res),
-                (false, true) => x86::group::<false, true>(tile, la, g, res),
-                (true, false) => x86::group::<true, false>(tile, la, g, res),
-                (true, true) => x86::group::<true, true>(tile, la, g, res),
+                (false, false) => x86::groups::<G, false, false>(tile, la, g0, res),
+                (false, true) => x86::groups::<G, false, true>(tile, la, g0, res),
+                (true, false) => x86::groups::<G, true, false>(tile, la, g0, res),
+                (true, true) => x86::groups::<G, true, true>(tile, la, g0, res),
             }
         }
         return;
     }
-    scalar_group(tile, la, g, res);
+    for (i, r) in res.iter_mut().enumerate() {
+        scalar_group(tile, la, g0 + i, r);
+    }
 }
 
-/// The portable form of [`dot_group`]: the same integer sums and the same
+/// The portable form of [`dot_groups`] for one group: the same integer sums and the same
 /// fused float operations in the same order per lane, so the same bits.
 pub fn scalar_group(tile: &Tile, la: &LaneActs, g: usize, res: &mut [[f32; NR]; LANES]) {
     let (k, kp) = (tile.k, tile.kp);
@@ -178,80 +187,100 @@ mod x86 {
     use super::super::NR;
     use super::{LaneActs, LANES};
 
-    /// One lane group against one tile: per column pair one load of the
-    /// group's 16 values, then per tile row a broadcast of its two 16-bit
-    /// levels, `vpmaddwd` and `vpaddd` into that row's i32 lanes; per
+    /// `G` lane groups (`g0..g0 + G`) against one tile: per column pair
+    /// one load of each group's 16 values, then per tile row one broadcast
+    /// of its two 16-bit levels (shared by the `G` groups), and per group
+    /// `vpmaddwd` + `vpaddd` into that (row, group)'s i32 lanes; per
     /// 32-block (or 16-half with `HALF`) one convert, one multiply
-    /// (activation scales x the row's scale) and one FMA per row; with
-    /// `OFF`, one FMA per row and 16-group for the offsets.
+    /// (activation scales x the row's scale) and one FMA per (row, group);
+    /// with `OFF`, one FMA per (row, group) and 16-group for the offsets.
+    /// `G = 2` keeps 8 integer accumulators, 2 activation vectors and the
+    /// broadcast in registers (the float sums, touched once per block, may
+    /// live on the stack).
     ///
     /// # Safety
-    /// The CPU must have AVX2 and FMA; `tile.k == la.k`, `g < la.groups`,
-    /// `tile.w16` holds `NR * tile.kp` levels.
+    /// The CPU must have AVX2 and FMA; `tile.k == la.k`, `g0 + G <=
+    /// la.groups`, `tile.w16` holds `NR * tile.kp` levels.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn group<const HALF: bool, const OFF: bool>(
+    pub(super) unsafe fn groups<const G: usize, const HALF: bool, const OFF: bool>(
         tile: &Tile,
         la: &LaneActs,
-        g: usize,
-        res: &mut [[f32; NR]; LANES],
+        g0: usize,
+        res: &mut [[[f32; NR]; LANES]; G],
     ) {
         let (k, kp) = (tile.k, tile.kp);
         let (blocks, sixteens, gp) = (k / QA, k / 16, kp / 16);
         let subs = if HALF { 2 } else { 1 };
         let span = 16 / subs; // column pairs per scale
-                              // SAFETY (pointer setup): group g's ranges lie inside the arrays
-                              // (sized from groups, k and LANES in `LaneActs::new`).
-        let (xp, dp, sp) = unsafe {
-            (
-                la.x.as_ptr().add(g * k * LANES),
-                la.d.as_ptr().add(g * blocks * LANES),
-                la.s.as_ptr().add(g * sixteens * LANES),
-            )
-        };
+                              // Group g0 + i's arrays (in bounds by the contract; plain address
+                              // arithmetic until read).
+        let mut xp = [la.x.as_ptr(); G];
+        let mut dp = [la.d.as_ptr(); G];
+        let mut sp = [la.s.as_ptr(); G];
+        for i in 0..G {
+            xp[i] = xp[i].wrapping_add((g0 + i) * k * LANES);
+            dp[i] = dp[i].wrapping_add((g0 + i) * blocks * LANES);
+            sp[i] = sp[i].wrapping_add((g0 + i) * sixteens * LANES);
+        }
         let (wp, ap, bp) = (tile.w16.as_ptr(), tile.a8.as_ptr(), tile.bb.as_ptr());
-        let mut f = [_mm256_setzero_ps(); NR];
+        let mut f = [[_mm256_setzero_ps(); NR]; G];
         for c in 0..blocks {
             // SAFETY: c < k / 32: block c's 16 pairs (16 x 16 i16), its 8
-            // scales and its two 16-groups' sums lie inside group g; each
-            // tile row t reads w16[t kp + 32 c .. + 32], a8[t kp / 4 + 8 c
-            // + 4 h] and bb[t gp + 2 c + h], inside the tile (k <= kp).
+            // scales and its two 16-groups' sums lie inside each group;
+            // each tile row t reads w16[t kp + 32 c .. + 32], a8[t kp / 4 +
+            // 8 c + 4 h] and bb[t gp + 2 c + h], inside the tile (k <= kp).
             unsafe {
-                let dv = _mm256_loadu_ps(dp.add(c * LANES));
+                let mut dv = [_mm256_setzero_ps(); G];
+                for i in 0..G {
+                    dv[i] = _mm256_loadu_ps(dp[i].add(c * LANES));
+                }
                 for h in 0..subs {
-                    let mut acc = [_mm256_setzero_si256(); NR];
+                    let mut acc = [[_mm256_setzero_si256(); NR]; G];
                     for p in c * 16 + h * span..c * 16 + (h + 1) * span {
-                        let x = _mm256_loadu_si256(xp.add(p * 2 * LANES).cast());
+                        let mut x = [_mm256_setzero_si256(); G];
+                        for i in 0..G {
+                            x[i] = _mm256_loadu_si256(xp[i].add(p * 2 * LANES).cast());
+                        }
                         for t in 0..NR {
                             let w = wp.add(t * kp + 2 * p).cast::<i32>().read_unaligned();
-                            let prod = _mm256_madd_epi16(x, _mm256_set1_epi32(w));
-                            acc[t] = _mm256_add_epi32(acc[t], prod);
+                            let w = _mm256_set1_epi32(w);
+                            for i in 0..G {
+                                let prod = _mm256_madd_epi16(x[i], w);
+                                acc[i][t] = _mm256_add_epi32(acc[i][t], prod);
+                            }
                         }
                     }
                     for t in 0..NR {
-                        let sc =
-                            _mm256_mul_ps(dv, _mm256_set1_ps(*ap.add(t * kp / 4 + c * 8 + h * 4)));
-                        f[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t]), sc, f[t]);
+                        let a = _mm256_set1_ps(*ap.add(t * kp / 4 + c * 8 + h * 4));
+                        for i in 0..G {
+                            let sc = _mm256_mul_ps(dv[i], a);
+                            f[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][t]), sc, f[i][t]);
+                        }
                     }
                 }
                 if OFF {
                     for h in 2 * c..2 * c + 2 {
-                        let sv = _mm256_loadu_ps(sp.add(h * LANES));
-                        for t in 0..NR {
-                            let b = _mm256_set1_ps(*bp.add(t * gp + h));
-                            f[t] = _mm256_fmadd_ps(b, sv, f[t]);
+                        for i in 0..G {
+                            let sv = _mm256_loadu_ps(sp[i].add(h * LANES));
+                            for t in 0..NR {
+                                let b = _mm256_set1_ps(*bp.add(t * gp + h));
+                                f[i][t] = _mm256_fmadd_ps(b, sv, f[i][t]);
+                            }
                         }
                     }
                 }
             }
         }
-        let mut cols = [[0f32; LANES]; NR];
-        for t in 0..NR {
-            // SAFETY: 8 f32 into an [f32; 8].
-            unsafe { _mm256_storeu_ps(cols[t].as_mut_ptr(), f[t]) };
-        }
-        for (l, out) in res.iter_mut().enumerate() {
+        for i in 0..G {
+            let mut cols = [[0f32; LANES]; NR];
             for t in 0..NR {
-                out[t] = cols[t][l];
+                // SAFETY: 8 f32 into an [f32; 8].
+                unsafe { _mm256_storeu_ps(cols[t].as_mut_ptr(), f[i][t]) };
+            }
+            for (l, out) in res[i].iter_mut().enumerate() {
+                for t in 0..NR {
+                    out[t] = cols[t][l];
+                }
             }
         }
     }

@@ -202,16 +202,19 @@ pub fn matmul(
     let run = |c0: usize| {
         let c1 = (c0 + per).min(n);
         let put = |r: usize, j: usize, vals: &[f32]| {
-            for (t, v) in vals.iter().enumerate() {
-                // SAFETY: r < m and j + t < c1 <= n <= ldo (callers pass
-                // at most c1 - j values), so the index r * ldo + j + t is
-                // below (m - 1) * ldo + n <= out.len() (asserted above).
-                // Columns j..c1 belong to this stripe only, and `out` is
-                // exclusively borrowed for the call.
-                unsafe {
-                    let p = dst.get().add(r * ldo + j + t);
-                    *p = if accumulate { *p + v } else { *v };
+            // SAFETY: r < m and j + vals.len() <= c1 <= n <= ldo (callers
+            // pass at most c1 - j values), so the range r * ldo + j .. +
+            // vals.len() ends at or below (m - 1) * ldo + n <= out.len()
+            // (asserted above). Columns j..c1 belong to this stripe only,
+            // and `out` is exclusively borrowed for the call.
+            let o =
+                unsafe { std::slice::from_raw_parts_mut(dst.get().add(r * ldo + j), vals.len()) };
+            if accumulate {
+                for (o, v) in o.iter_mut().zip(vals) {
+                    *o += v;
                 }
+            } else {
+                o.copy_from_slice(vals);
             }
         };
         if direct {
@@ -233,7 +236,7 @@ pub fn matmul(
         // are decoded once per panel).
         let mut tile = Tile::new(w.ty, k);
         let mut res = [[0f32; NR]; MR];
-        let mut res_lanes = [[0f32; NR]; lanes::LANES];
+        let mut res_lanes = [[[0f32; NR]; lanes::LANES]; 2];
         let align = if lane_rows > 0 { lanes::LANES } else { MR };
         let panel = panel_rows(m, k, !act.lo.is_empty(), align);
         for p0 in (0..m).step_by(panel) {
@@ -245,11 +248,22 @@ pub fn matmul(
                 tile.decode(w, j, nr);
                 if let Some(la) = lane_acts.filter(|_| lane_end > p0) {
                     tile.widen();
-                    for g in p0 / lanes::LANES..lane_end / lanes::LANES {
-                        lanes::dot_group(&tile, la, g, &mut res_lanes);
-                        for (l, vals) in res_lanes.iter().enumerate() {
-                            put(g * lanes::LANES + l, j, &vals[..nr]);
+                    let (g_end, mut g) = (lane_end / lanes::LANES, p0 / lanes::LANES);
+                    while g < g_end {
+                        let two = g + 2 <= g_end;
+                        if two {
+                            lanes::dot_groups::<2>(&tile, la, g, &mut res_lanes);
+                        } else {
+                            let one: &mut [_; 1] = (&mut res_lanes[..1]).try_into().expect("1");
+                            lanes::dot_groups::<1>(&tile, la, g, one);
                         }
+                        let n = if two { 2 } else { 1 };
+                        for (i, group) in res_lanes.iter().enumerate().take(n) {
+                            for (l, vals) in group.iter().enumerate() {
+                                put((g + i) * lanes::LANES + l, j, &vals[..nr]);
+                            }
+                        }
+                        g += n;
                     }
                 }
                 for r0 in (lane_end..p1).step_by(MR) {

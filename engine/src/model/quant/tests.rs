@@ -335,7 +335,7 @@ fn long_prompts_split_into_panels_with_the_same_results() {
 /// both activation precisions and both scale granularities.
 #[test]
 fn lane_kernel_matches_its_portable_form_bit_for_bit() {
-    use super::lanes::{dot_group, scalar_group, LANES};
+    use super::lanes::{dot_groups, scalar_group, LANES};
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for ty in QuantType::ALL {
         let k = 2 * ty.block_len().max(64);
@@ -349,11 +349,14 @@ fn lane_kernel_matches_its_portable_form_bit_for_bit() {
             let mut tile = Tile::new(ty, k);
             tile.decode(&w, 0, NR);
             tile.widen();
+            let mut pair = [[[0f32; NR]; LANES]; 2];
+            dot_groups::<2>(&tile, la, 0, &mut pair);
             for g in 0..la.groups {
-                let (mut fast, mut slow) = ([[0f32; NR]; LANES], [[1f32; NR]; LANES]);
-                dot_group(&tile, la, g, &mut fast);
+                let (mut one, mut slow) = ([[[0f32; NR]; LANES]; 1], [[1f32; NR]; LANES]);
+                dot_groups::<1>(&tile, la, g, &mut one);
                 scalar_group(&tile, la, g, &mut slow);
-                assert_eq!(fast, slow, "{} {p:?} group {g}", ty.name());
+                assert_eq!(one[0], slow, "{} {p:?} group {g}", ty.name());
+                assert_eq!(pair[g], slow, "{} {p:?} group {g} of a pair", ty.name());
             }
         }
     }
