@@ -239,7 +239,10 @@ mod x86 {
                 // Prefetch distance: PF_GROUPS groups of NR rows.
                 let pf = PF_GROUPS * NR * nb * bs;
                 let mut acc = [_mm256_setzero_ps(); NR];
-                let mut off = [0f32; NR];
+                // Lanes 2t, 2t + 1: row t's sum of d * s and (MIN) m * s.
+                let mut offv = _mm256_setzero_ps();
+                // Row t's scale sits in lane 2t of the converted vector.
+                let lane: [__m256i; NR] = std::array::from_fn(|t| _mm256_set1_epi32(2 * t as i32));
                 let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
                 for c in 0..nb {
                     // SAFETY: c < nb: the 32 levels at 32 c lie in `qx` (and
@@ -255,14 +258,19 @@ mod x86 {
                         };
                         let d = *dx.get_unchecked(c);
                         let s = *sx.get_unchecked(2 * c) + *sx.get_unchecked(2 * c + 1);
+                        // The NR rows' first 4 bytes (d, then m or level
+                        // bytes) as 8 halves -> [d0 m0 d1 m1 ...] in f32 (the
+                        // odd lanes are read only with MIN).
+                        let head = |t: usize| rp[t].add(c * bs).cast::<i32>().read_unaligned();
+                        let dm =
+                            _mm256_cvtph_ps(_mm_setr_epi32(head(0), head(1), head(2), head(3)));
+                        let scaled = _mm256_mul_ps(dm, _mm256_set1_ps(d));
+                        offv = _mm256_fmadd_ps(dm, _mm256_set1_ps(s), offv);
                         for t in 0..NR {
                             let p = rp[t].add(c * bs);
                             if c % 2 == 0 {
                                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
                             }
-                            let dm =
-                                _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
-                            let dw = _mm_cvtss_f32(dm);
                             let qs = _mm_loadu_si128(p.add(bs - 16).cast());
                             let mut w = _mm256_and_si256(
                                 _mm256_set_m128i(_mm_srli_epi16::<4>(qs), qs),
@@ -280,21 +288,26 @@ mod x86 {
                                 $dot::<false>(w, x)
                             };
                             let prod = _mm256_cvtepi32_ps(p);
-                            acc[t] = _mm256_fmadd_ps(prod, _mm256_set1_ps(dw * d), acc[t]);
-                            let o = if MIN {
-                                _mm_cvtss_f32(_mm_movehdup_ps(dm))
-                            } else if FIVE {
-                                -16.0 * dw
-                            } else {
-                                -8.0 * dw
-                            };
-                            off[t] += o * s;
+                            let sc = _mm256_permutevar8x32_ps(scaled, lane[t]);
+                            acc[t] = _mm256_fmadd_ps(prod, sc, acc[t]);
                         }
                     }
                 }
+                let mut offs = [0f32; 8];
+                // SAFETY: 8 f32 into an [f32; 8]; the CPU has AVX2 (contract).
+                unsafe { _mm256_storeu_ps(offs.as_mut_ptr(), offv) };
                 for t in 0..NR {
+                    // The offset of a level: m (MIN), else -16 d (Q5_0)
+                    // or -8 d (Q4_0).
+                    let off = if MIN {
+                        offs[2 * t + 1]
+                    } else if FIVE {
+                        -16.0 * offs[2 * t]
+                    } else {
+                        -8.0 * offs[2 * t]
+                    };
                     // SAFETY: the CPU has AVX2 (contract).
-                    res[t] = unsafe { hsum(acc[t]) } + off[t];
+                    res[t] = unsafe { hsum(acc[t]) } + off;
                 }
             }
         };

@@ -145,6 +145,7 @@ pub fn dot_groups<const G: usize>(
 
 /// The portable form of [`dot_groups`] for one group: the same integer sums and the same
 /// fused float operations in the same order per lane, so the same bits.
+#[allow(clippy::needless_range_loop)] // columns index levels and activations alike
 pub fn scalar_group(tile: &Tile, la: &LaneActs, g: usize, res: &mut [[f32; NR]; LANES]) {
     let (k, kp) = (tile.k, tile.kp);
     let (pairs, blocks, sixteens) = (k / 2, k / QA, k / 16);
@@ -178,6 +179,9 @@ pub fn scalar_group(tile: &Tile, la: &LaneActs, g: usize, res: &mut [[f32; NR]; 
     }
 }
 
+// The register blocks index accumulators [group][row] by constant-trip
+// loops (unrolled into registers): clearer than zipped iterators here.
+#[allow(clippy::needless_range_loop)]
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;

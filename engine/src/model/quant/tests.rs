@@ -334,6 +334,7 @@ fn long_prompts_split_into_panels_with_the_same_results() {
 /// The AVX2 lane kernel gives the bits of its portable form, for every type,
 /// both activation precisions and both scale granularities.
 #[test]
+#[allow(clippy::needless_range_loop)] // g indexes the pair and names the group
 fn lane_kernel_matches_its_portable_form_bit_for_bit() {
     use super::lanes::{dot_groups, scalar_group, LANES};
     let mut rng = ChaCha8Rng::seed_from_u64(11);
