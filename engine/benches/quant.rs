@@ -1,7 +1,8 @@
 //! Quantized weights (activations at two levels, the default, and at one)
 //! against f32 weights on a GGUF (default: SmolLM2-135M Q4_1), side by side
 //! in one process: decode tokens/s at batch 1 and 32
-//! (context ~128), prompt-processing tokens/s (one 128-token prompt), and
+//! (context ~128), prompt-processing tokens/s (one 128-token prompt, and
+//! four 512-token prompts in one forward, a chunked-prefill step), and
 //! the resident memory each model adds when loaded.
 //!
 //! The three models alternate round by round (A, B, A, B, ...) and the median
@@ -12,7 +13,7 @@
 //! Run: `cargo bench -p engine --bench quant [-- FILE.gguf]`
 //!
 //! For a profiler: `-- [FILE.gguf] --profile WORK` (WORK: `decode1`,
-//! `decode32` or `prefill`) loops the default (two-level) model on that one
+//! `decode32`, `prefill` or `prefill2048`) loops the default (two-level) model on that one
 //! workload for about 20 seconds and prints its rate, e.g. under
 //! `perf record`.
 
@@ -83,18 +84,22 @@ fn decode_work(model: &LlamaModel, seqs: usize) -> Work {
     }
 }
 
-fn prefill_work(model: &LlamaModel) -> Work {
+/// `seqs` prompts of `len` tokens in one forward (a chunked-prefill step
+/// of `seqs * len` tokens).
+fn prefill_work(model: &LlamaModel, seqs: usize, len: usize) -> Work {
     let layout = ContiguousLayout {
         block_size: BLOCK,
-        blocks_per_seq: CTX.div_ceil(BLOCK) + 1,
+        blocks_per_seq: len.div_ceil(BLOCK) + 1,
     };
-    let cache = KvCache::new(model.kv_geometry(layout.blocks_per_seq, BLOCK));
+    let cache = KvCache::new(model.kv_geometry(seqs * layout.blocks_per_seq, BLOCK));
     let mut batch = ForwardBatch::default();
-    layout.push(&mut batch, 0, 0, &prompt(0, CTX), true);
+    for s in 0..seqs {
+        layout.push(&mut batch, s, 0, &prompt(s, len), true);
+    }
     Work {
         batch,
         cache,
-        tokens: CTX,
+        tokens: seqs * len,
     }
 }
 
@@ -218,9 +223,12 @@ fn main() {
         let make: fn(&LlamaModel) -> Work = match work.as_str() {
             "decode1" => |m| decode_work(m, 1),
             "decode32" => |m| decode_work(m, 32),
-            "prefill" => prefill_work,
+            "prefill" => |m| prefill_work(m, 1, CTX),
+            "prefill2048" => |m| prefill_work(m, 4, 512),
             other => {
-                println!("quant bench: unknown --profile {other} (decode1, decode32, prefill)");
+                println!(
+                    "quant bench: unknown --profile {other} (decode1, decode32, prefill, prefill2048)"
+                );
                 return;
             }
         };
@@ -238,5 +246,6 @@ fn main() {
     let models = [&quant, &one, &float];
     side_by_side("decode batch 1", &models, |m| decode_work(m, 1), 20);
     side_by_side("decode batch 32", &models, |m| decode_work(m, 32), 4);
-    side_by_side("prefill 1x128", &models, prefill_work, 2);
+    side_by_side("prefill 1x128", &models, |m| prefill_work(m, 1, CTX), 2);
+    side_by_side("prefill 4x512", &models, |m| prefill_work(m, 4, 512), 1);
 }

@@ -16,7 +16,7 @@
 //!    8-bit levels (vectorized per type in `tile_decode`; `Q2_K`/`Q3_K`
 //!    through `model_loader::quant::decode_row`) plus per-32 scale vectors
 //!    and per-16 offsets, then reused by every activation row of a panel
-//!    (at most `PANEL_BYTES` of activations, so it stays in L2), so large
+//!    (at most [`panel_bytes`] of activations, 5/8 of L2), so large
 //!    batches stay compute-bound.
 //! 3. [`kernels`]: [`MR`] activation rows x [`NR`] weight rows per register
 //!    block (AVX-512 VNNI `vpdpbusd` on zmm, AVX2 `vpmaddubsw` on 2 rows,
@@ -65,19 +65,41 @@ pub const NR: usize = 4;
 /// on the file's blocks ([`gemv`]) instead of decoding tiles.
 pub const GEMV_MAX_M: usize = 4;
 
-/// Bytes of quantized activations one panel may hold (inside a 1 MiB L2
-/// with the tile and the output beside it; measured single-threaded on
-/// Q4_K 1536 x 1536: 256 rows (0.8 MiB) ran near the 128-row speed, 1024
-/// rows without panels at about half of it).
-const PANEL_BYTES: usize = 640 << 10;
+/// Bytes of quantized activations one panel may hold: 5/8 of the core's
+/// L2 (read once from sysfs; 512 KiB where unknown), leaving room for the
+/// tile and the output. Measured single-threaded on Q4_K 1536 x 1536 with
+/// a 1 MiB L2 (640 KiB panels): 256 rows (0.8 MiB) ran near the 128-row
+/// speed, 1024 rows without panels at about half of it.
+fn panel_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| l2_bytes().unwrap_or(512 << 10) / 8 * 5)
+}
+
+/// The L2 size of CPU 0 (Linux sysfs, e.g. "512K"), if readable.
+fn l2_bytes() -> Option<usize> {
+    let dir = "/sys/devices/system/cpu/cpu0/cache/index2";
+    if std::fs::read_to_string(format!("{dir}/level")).ok()?.trim() != "2" {
+        return None;
+    }
+    let s = std::fs::read_to_string(format!("{dir}/size")).ok()?;
+    let s = s.trim();
+    let (num, mult) = match s.strip_suffix('K') {
+        Some(n) => (n, 1 << 10),
+        None => match s.strip_suffix('M') {
+            Some(n) => (n, 1 << 20),
+            None => (s, 1),
+        },
+    };
+    let bytes = num.parse::<usize>().ok()? * mult;
+    (bytes >= 64 << 10).then_some(bytes)
+}
 
 /// Activation rows per panel for `m` rows: panels of equal size (a
-/// multiple of [`MR`]) holding at most [`PANEL_BYTES`] each, where one
-/// block of rows allows.
-/// `align` rows where one block of rows allows.
+/// multiple of `align`) holding at most [`panel_bytes`] each, where one
+/// block of `align` rows allows.
 fn panel_rows(m: usize, k: usize, two_levels: bool, align: usize) -> usize {
     let per_row = k * if two_levels { 2 } else { 1 } + k / 8 + k / 4;
-    let most = (PANEL_BYTES / per_row.max(1) / align).max(1) * align;
+    let most = (panel_bytes() / per_row.max(1) / align).max(1) * align;
     let panels = m.div_ceil(most).max(1);
     m.div_ceil(panels).div_ceil(align) * align
 }

@@ -303,10 +303,11 @@ fn vectorized_activation_quantization_is_bit_identical_to_the_portable_one() {
 
 #[test]
 fn long_prompts_split_into_panels_with_the_same_results() {
-    // k = 2048 at two levels: a panel holds fewer than 140 rows, so the
-    // rows run as two panels, each re-decoding the tiles.
+    // k = 2048 at two levels: a panel holds fewer than 600 rows with an L2
+    // up to 4 MiB, so the rows run as several panels, each re-decoding the
+    // tiles.
     let mut rng = ChaCha8Rng::seed_from_u64(9);
-    let (m, n, k) = (140, 6, 2048);
+    let (m, n, k) = (600, 6, 2048);
     for align in [MR, super::lanes::LANES] {
         let panel = panel_rows(m, k, true, align);
         assert!(
