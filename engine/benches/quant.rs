@@ -1,7 +1,7 @@
 //! Quantized weights (activations at two levels, the default, and at one)
 //! against f32 weights on a GGUF (default: SmolLM2-135M Q4_1), side by side
 //! in one process: decode tokens/s at batch 1 and 32
-//! (context ~128), prompt-processing tokens/s (one 128-token prompt, and
+//! (context 192, the mean of llama-batched-bench's `-npp 128 -ntg 128`), prompt-processing tokens/s (one 128-token prompt, and
 //! four 512-token prompts in one forward, a chunked-prefill step), and
 //! the resident memory each model adds when loaded.
 //!
@@ -24,7 +24,12 @@ use model_loader::WeightTypes;
 use std::time::Instant;
 
 const BLOCK: usize = 16;
+/// Prompt length of the prefill workload.
 const CTX: usize = 128;
+/// Context of the decode workloads: the mean context of
+/// `llama-batched-bench -npp 128 -ntg 128` (decoding from 129 to 256), so
+/// the two read the same amount of KV cache per token.
+const DECODE_CTX: usize = 192;
 const ROUNDS: usize = 7;
 
 fn rss_bytes() -> usize {
@@ -68,13 +73,13 @@ struct Work {
 fn decode_work(model: &LlamaModel, seqs: usize) -> Work {
     let layout = ContiguousLayout {
         block_size: BLOCK,
-        blocks_per_seq: CTX.div_ceil(BLOCK) + 1,
+        blocks_per_seq: DECODE_CTX.div_ceil(BLOCK) + 1,
     };
     let mut cache = KvCache::new(model.kv_geometry(seqs * layout.blocks_per_seq, BLOCK));
     let (mut pre, mut batch) = (ForwardBatch::default(), ForwardBatch::default());
     for s in 0..seqs {
-        layout.push(&mut pre, s, 0, &prompt(s, CTX), false);
-        layout.push(&mut batch, s, CTX, &[(s as u32 * 13) % 49152], true);
+        layout.push(&mut pre, s, 0, &prompt(s, DECODE_CTX), false);
+        layout.push(&mut batch, s, DECODE_CTX, &[(s as u32 * 13) % 49152], true);
     }
     model.forward(&pre, &mut cache).expect("prefill");
     Work {
