@@ -1,9 +1,10 @@
 //! Quantized weights (activations at two levels, the default, and at one)
 //! against f32 weights on a GGUF (default: SmolLM2-135M Q4_1), side by side
-//! in one process: decode tokens/s at batch 1 and 32
-//! (context 192, the mean of llama-batched-bench's `-npp 128 -ntg 128`), prompt-processing tokens/s (one 128-token prompt, and
-//! four 512-token prompts in one forward, a chunked-prefill step), and
-//! the resident memory each model adds when loaded.
+//! in one process: decode tokens/s at batch 1 and 32 (context 192, the
+//! mean of llama-batched-bench's `-npp 128 -ntg 128`), prompt-processing
+//! tokens/s (one 128-token prompt, and four 512-token prompts in one
+//! forward, a chunked-prefill step), and the resident memory each model
+//! adds when loaded.
 //!
 //! The three models alternate round by round (A, B, A, B, ...) and the median
 //! round of each is reported with the ratio, so load from other processes on
