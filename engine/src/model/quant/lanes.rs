@@ -108,33 +108,41 @@ pub fn half_scales(ty: QuantType) -> bool {
 }
 
 /// `res[i][l][t] = dot(tile row t, activation row (g0 + i) * LANES + l)`
-/// for the `G` groups from `g0`, AVX2 (two groups share each weight
-/// broadcast).
+/// for the `res.len()` (1 or 2) groups from `g0`, AVX2 (two groups share
+/// each weight broadcast).
 ///
 /// Panics if the tile has no widened levels or disagrees with `la` on
-/// `k`, or the groups run past `la`'s.
-pub fn dot_groups<const G: usize>(
-    tile: &Tile,
-    la: &LaneActs,
-    g0: usize,
-    res: &mut [[[f32; NR]; LANES]; G],
-) {
+/// `k`, `res` holds not 1 or 2 groups, or they run past `la`'s.
+pub fn dot_groups(tile: &Tile, la: &LaneActs, g0: usize, res: &mut [[[f32; NR]; LANES]]) {
+    let n = res.len();
     assert!(
-        tile.k == la.k && g0 + G <= la.groups && tile.w16.len() >= NR * tile.kp,
+        tile.k == la.k
+            && (1..=2).contains(&n)
+            && g0 + n <= la.groups
+            && tile.w16.len() >= NR * tile.kp,
         "dot_groups: shapes"
     );
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        let half = half_scales(tile.ty());
-        // SAFETY: the CPU has AVX2 and FMA (checked just above); the
-        // shapes are asserted above.
-        unsafe {
-            match (half, tile.has_offset) {
-                (false, false) => x86::groups::<G, false, false>(tile, la, g0, res),
-                (false, true) => x86::groups::<G, false, true>(tile, la, g0, res),
-                (true, false) => x86::groups::<G, true, false>(tile, la, g0, res),
-                (true, true) => x86::groups::<G, true, true>(tile, la, g0, res),
-            }
+        macro_rules! go {
+            ($g:literal) => {{
+                let res: &mut [_; $g] = res.try_into().expect("checked length");
+                // SAFETY: the CPU has AVX2 and FMA (checked just above);
+                // the shapes are asserted above.
+                unsafe {
+                    match (half_scales(tile.ty()), tile.has_offset) {
+                        (false, false) => x86::groups::<$g, false, false>(tile, la, g0, res),
+                        (false, true) => x86::groups::<$g, false, true>(tile, la, g0, res),
+                        (true, false) => x86::groups::<$g, true, false>(tile, la, g0, res),
+                        (true, true) => x86::groups::<$g, true, true>(tile, la, g0, res),
+                    }
+                }
+            }};
+        }
+        if n == 2 {
+            go!(2)
+        } else {
+            go!(1)
         }
         return;
     }

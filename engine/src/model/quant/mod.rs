@@ -272,15 +272,9 @@ pub fn matmul(
                     tile.widen();
                     let (g_end, mut g) = (lane_end / lanes::LANES, p0 / lanes::LANES);
                     while g < g_end {
-                        let two = g + 2 <= g_end;
-                        if two {
-                            lanes::dot_groups::<2>(&tile, la, g, &mut res_lanes);
-                        } else {
-                            let one: &mut [_; 1] = (&mut res_lanes[..1]).try_into().expect("1");
-                            lanes::dot_groups::<1>(&tile, la, g, one);
-                        }
-                        let n = if two { 2 } else { 1 };
-                        for (i, group) in res_lanes.iter().enumerate().take(n) {
+                        let n = (g_end - g).min(res_lanes.len());
+                        lanes::dot_groups(&tile, la, g, &mut res_lanes[..n]);
+                        for (i, group) in res_lanes[..n].iter().enumerate() {
                             for (l, vals) in group.iter().enumerate() {
                                 put((g + i) * lanes::LANES + l, j, &vals[..nr]);
                             }

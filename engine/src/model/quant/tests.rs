@@ -352,10 +352,10 @@ fn lane_kernel_matches_its_portable_form_bit_for_bit() {
             tile.decode(&w, 0, NR);
             tile.widen();
             let mut pair = [[[0f32; NR]; LANES]; 2];
-            dot_groups::<2>(&tile, la, 0, &mut pair);
+            dot_groups(&tile, la, 0, &mut pair);
             for g in 0..la.groups {
                 let (mut one, mut slow) = ([[[0f32; NR]; LANES]; 1], [[1f32; NR]; LANES]);
-                dot_groups::<1>(&tile, la, g, &mut one);
+                dot_groups(&tile, la, g, &mut one);
                 scalar_group(&tile, la, g, &mut slow);
                 assert_eq!(one[0], slow, "{} {p:?} group {g}", ty.name());
                 assert_eq!(pair[g], slow, "{} {p:?} group {g} of a pair", ty.name());
