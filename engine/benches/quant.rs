@@ -1,12 +1,13 @@
-//! Quantized weights (activations at two levels, the default, and at one)
-//! against f32 weights on a GGUF (default: SmolLM2-135M Q4_1), side by side
-//! in one process: decode tokens/s at batch 1 and 32 (context 192, the
+//! Quantized weights (the default: activations at two levels, f16 KV
+//! cache; then with an f32 KV cache, and with activations at one level)
+//! against f32 weights and KV cache on a GGUF (default: SmolLM2-135M Q4_1),
+//! side by side in one process: decode tokens/s at batch 1 and 32 (context 192, the
 //! mean of llama-batched-bench's `-npp 128 -ntg 128`), prompt-processing
 //! tokens/s (one 128-token prompt, and four 512-token prompts in one
 //! forward, a chunked-prefill step), and the resident memory each model
 //! adds when loaded.
 //!
-//! The three models alternate round by round (A, B, A, B, ...) and the median
+//! The four variants alternate round by round (A, B, A, B, ...) and the median
 //! round of each is reported with the ratio, so load from other processes on
 //! a shared machine hits both alike. Needs the fetched model
 //! (`cargo xtask fetch-model`); says so and exits otherwise.
@@ -15,12 +16,12 @@
 //!
 //! For a profiler: `-- [FILE.gguf] --profile WORK` (WORK: `decode1`,
 //! `decode32`, `prefill` or `prefill2048`) loops the default (two-level) model on that one
-//! workload for about 20 seconds and prints its rate, e.g. under
+//! workload for about 20 seconds (`--kv-f32` for an f32 KV cache) and prints its rate, e.g. under
 //! `perf record`.
 
 use engine::executor::{ContiguousLayout, ForwardBatch};
 use engine::model::quant::ActPrecision;
-use engine::model::{KvCache, LlamaModel};
+use engine::model::{KvCache, KvDtype, LlamaModel};
 use model_loader::WeightTypes;
 use std::time::Instant;
 
@@ -71,12 +72,20 @@ struct Work {
     tokens: usize,
 }
 
-fn decode_work(model: &LlamaModel, seqs: usize) -> Work {
+/// One side of the comparison: a model and its KV cache's element type.
+struct Variant<'a> {
+    name: &'static str,
+    model: &'a LlamaModel,
+    kv: KvDtype,
+}
+
+fn decode_work(model: &LlamaModel, kv: KvDtype, seqs: usize) -> Work {
     let layout = ContiguousLayout {
         block_size: BLOCK,
         blocks_per_seq: DECODE_CTX.div_ceil(BLOCK) + 1,
     };
-    let mut cache = KvCache::new(model.kv_geometry(seqs * layout.blocks_per_seq, BLOCK));
+    let geom = model.kv_geometry(seqs * layout.blocks_per_seq, BLOCK);
+    let mut cache = KvCache::with_dtype(geom, kv);
     let (mut pre, mut batch) = (ForwardBatch::default(), ForwardBatch::default());
     for s in 0..seqs {
         layout.push(&mut pre, s, 0, &prompt(s, DECODE_CTX), false);
@@ -92,12 +101,12 @@ fn decode_work(model: &LlamaModel, seqs: usize) -> Work {
 
 /// `seqs` prompts of `len` tokens in one forward (a chunked-prefill step
 /// of `seqs * len` tokens).
-fn prefill_work(model: &LlamaModel, seqs: usize, len: usize) -> Work {
+fn prefill_work(model: &LlamaModel, kv: KvDtype, seqs: usize, len: usize) -> Work {
     let layout = ContiguousLayout {
         block_size: BLOCK,
         blocks_per_seq: len.div_ceil(BLOCK) + 1,
     };
-    let cache = KvCache::new(model.kv_geometry(seqs * layout.blocks_per_seq, BLOCK));
+    let cache = KvCache::with_dtype(model.kv_geometry(seqs * layout.blocks_per_seq, BLOCK), kv);
     let mut batch = ForwardBatch::default();
     for s in 0..seqs {
         layout.push(&mut batch, s, 0, &prompt(s, len), true);
@@ -134,31 +143,40 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Runs `make`'s workload on every variant, alternating, and prints the
+/// medians and their ratios to the first (the default) variant.
 fn side_by_side(
     name: &str,
-    models: &[&LlamaModel],
-    make: impl Fn(&LlamaModel) -> Work,
+    variants: &[Variant],
+    make: impl Fn(&LlamaModel, KvDtype) -> Work,
     iters: usize,
 ) {
-    let mut works: Vec<Work> = models.iter().map(|m| make(m)).collect();
-    for (m, w) in models.iter().zip(works.iter_mut()) {
-        time(m, w, 1); // warm-up
+    let mut works: Vec<Work> = variants.iter().map(|v| make(v.model, v.kv)).collect();
+    for (v, w) in variants.iter().zip(works.iter_mut()) {
+        time(v.model, w, 1); // warm-up
     }
-    let mut rates = vec![Vec::new(); models.len()];
+    let mut rates = vec![Vec::new(); variants.len()];
     for _ in 0..ROUNDS {
         for (i, r) in rates.iter_mut().enumerate() {
-            r.push(time(models[i], &mut works[i], iters));
+            r.push(time(variants[i].model, &mut works[i], iters));
         }
     }
     let r: Vec<f64> = rates.into_iter().map(median).collect();
+    let rates: Vec<String> = variants
+        .iter()
+        .zip(&r)
+        .map(|(v, x)| format!("{} {x:7.1}", v.name))
+        .collect();
+    let ratios: Vec<String> = variants[1..]
+        .iter()
+        .zip(&r[1..])
+        .map(|(v, x)| format!("/{} {:.2}x", v.name, r[0] / x))
+        .collect();
     println!(
-        "{name:<18} two-level {:8.1}  one-level {:8.1}  float32 {:8.1} tok/s   \
-         two-level/float32 {:.2}x  two-level/one-level {:.2}x",
-        r[0],
-        r[1],
-        r[2],
-        r[0] / r[2],
-        r[0] / r[1]
+        "{name:<16} {} tok/s   {}: {}",
+        rates.join("  "),
+        variants[0].name,
+        ratios.join(" ")
     );
 }
 
@@ -221,16 +239,17 @@ fn main() {
     );
     println!(
         "threads {}, kernels {:?}, {ROUNDS} alternating rounds, medians; quantized activations \
-         two-level (default, 8+8 bit) and one-level (llama.cpp's 8 bit)",
+         two-level (8+8 bit) or one-level (llama.cpp's 8 bit), KV cache f16 or f32; \
+         default = quantized weights, two-level, f16 KV",
         rayon::current_num_threads(),
         engine::model::quant::Isa::best()
     );
     if let Some(work) = profile_arg() {
-        let make: fn(&LlamaModel) -> Work = match work.as_str() {
-            "decode1" => |m| decode_work(m, 1),
-            "decode32" => |m| decode_work(m, 32),
-            "prefill" => |m| prefill_work(m, 1, CTX),
-            "prefill2048" => |m| prefill_work(m, 4, 512),
+        let make: fn(&LlamaModel, KvDtype) -> Work = match work.as_str() {
+            "decode1" => |m, kv| decode_work(m, kv, 1),
+            "decode32" => |m, kv| decode_work(m, kv, 32),
+            "prefill" => |m, kv| prefill_work(m, kv, 1, CTX),
+            "prefill2048" => |m, kv| prefill_work(m, kv, 4, 512),
             other => {
                 println!(
                     "quant bench: unknown --profile {other} (decode1, decode32, prefill, prefill2048)"
@@ -238,7 +257,12 @@ fn main() {
                 return;
             }
         };
-        let mut w = make(&quant);
+        let kv = if std::env::args().any(|a| a == "--kv-f32") {
+            KvDtype::F32
+        } else {
+            KvDtype::F16
+        };
+        let mut w = make(&quant, kv);
         time(&quant, &mut w, 1);
         let (t, mut n) = (Instant::now(), 0);
         while t.elapsed().as_secs_f64() < 20.0 {
@@ -246,12 +270,38 @@ fn main() {
             n += 1;
         }
         let rate = (w.tokens * n) as f64 / t.elapsed().as_secs_f64();
-        println!("profile {work}: two-level {rate:.1} tok/s over {n} forwards");
+        println!("profile {work}: two-level, KV {kv:?}: {rate:.1} tok/s over {n} forwards");
         return;
     }
-    let models = [&quant, &one, &float];
-    side_by_side("decode batch 1", &models, |m| decode_work(m, 1), 20);
-    side_by_side("decode batch 32", &models, |m| decode_work(m, 32), 4);
-    side_by_side("prefill 1x128", &models, |m| prefill_work(m, 1, CTX), 2);
-    side_by_side("prefill 4x512", &models, |m| prefill_work(m, 4, 512), 1);
+    let v = |name, model, kv| Variant { name, model, kv };
+    let variants = [
+        v("default", &quant, KvDtype::F16),
+        v("kv-f32", &quant, KvDtype::F32),
+        v("one-level", &one, KvDtype::F16),
+        v("float32", &float, KvDtype::F32),
+    ];
+    side_by_side(
+        "decode batch 1",
+        &variants,
+        |m, kv| decode_work(m, kv, 1),
+        20,
+    );
+    side_by_side(
+        "decode batch 32",
+        &variants,
+        |m, kv| decode_work(m, kv, 32),
+        4,
+    );
+    side_by_side(
+        "prefill 1x128",
+        &variants,
+        |m, kv| prefill_work(m, kv, 1, CTX),
+        2,
+    );
+    side_by_side(
+        "prefill 4x512",
+        &variants,
+        |m, kv| prefill_work(m, kv, 4, 512),
+        1,
+    );
 }

@@ -1,13 +1,16 @@
 //! Startup: model loading, engine construction, the listener, signals, and
 //! the `generate` command.
 
-use crate::cli::{DeviceArg, DtypeArg, EngineArgs, GenerateArgs, PreemptionArg, ServeArgs};
+use crate::cli::{
+    DeviceArg, DtypeArg, EngineArgs, GenerateArgs, KvCacheDtypeArg, PreemptionArg, ServeArgs,
+};
 use crate::engine_backend::{EngineBackend, EngineOptions};
 use crate::http::{self, AppState};
 use anyhow::{bail, Context};
 use engine::engine_loop::HandleConfig;
 use engine::executor::gpu::DType;
 use engine::executor::{DeviceKind, ExecutorRequest};
+use engine::model::KvDtype;
 use engine::scheduler::{PreemptionMode, SchedulerConfig};
 use model_loader::{ChatMessage, LoadedModel};
 use std::path::PathBuf;
@@ -72,6 +75,11 @@ pub fn engine_options(
                 DtypeArg::Auto | DtypeArg::Bfloat16 => DType::Bf16,
                 DtypeArg::Float16 => DType::F16,
                 DtypeArg::Float32 => DType::F32,
+            },
+            kv_cache_dtype: match args.kv_cache_dtype {
+                KvCacheDtypeArg::Auto => None,
+                KvCacheDtypeArg::Float16 => Some(KvDtype::F16),
+                KvCacheDtypeArg::Float32 => Some(KvDtype::F32),
             },
             max_num_seqs: args.max_num_seqs,
             enforce_eager: args.enforce_eager,

@@ -144,6 +144,18 @@ pub enum DtypeArg {
     Float32,
 }
 
+/// `--kv-cache-dtype` (vLLM's flag; its fp8 choices are not offered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KvCacheDtypeArg {
+    /// CPU: float16 when the weights stay quantized (as llama.cpp), float32
+    /// with float32 weights. GPU: the --dtype.
+    Auto,
+    #[value(alias = "half", alias = "fp16")]
+    Float16,
+    #[value(alias = "float", alias = "fp32")]
+    Float32,
+}
+
 /// Largest `--block-size`. Both executors read K/V through the block table
 /// by division, so any size in `1..=MAX_BLOCK_SIZE` works on either (vLLM's
 /// GPU choices 8, 16, 32, 64, 128 are all in it); beyond 256 a sequence
@@ -279,6 +291,12 @@ pub struct EngineArgs {
     /// dequantizes them at load.
     #[arg(long, global = true, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
+    /// Element type of the KV cache. `auto`: on the CPU float16 for
+    /// quantized weights (half the bytes attention reads per token) and
+    /// float32 otherwise; on the GPU the --dtype, which is the only value
+    /// the GPU accepts.
+    #[arg(long, global = true, value_enum, default_value_t = KvCacheDtypeArg::Auto)]
+    pub kv_cache_dtype: KvCacheDtypeArg,
     /// Worker threads for the forward pass (default: all cores). Range: >= 1.
     #[arg(long, global = true, value_name = "N", value_parser = range::positive)]
     pub threads: Option<usize>,

@@ -11,7 +11,7 @@ pub mod generate;
 
 use super::{BlockOps, ExecError, Executor, ForwardBatch, Logits};
 use crate::kv::{BlockCopy, BlockId};
-use crate::model::{KvCache, LlamaModel};
+use crate::model::{KvCache, KvDtype, LlamaModel};
 
 /// Runs a [`LlamaModel`] on the CPU over a paged KV cache.
 pub struct CpuExecutor {
@@ -22,21 +22,34 @@ pub struct CpuExecutor {
 
 impl CpuExecutor {
     /// An executor with `num_blocks` accelerator blocks and `num_cpu_blocks`
-    /// swap blocks of `block_size` tokens. Pools are zeroed; memory is
-    /// `(num_blocks + num_cpu_blocks) * bytes_per_block`.
+    /// swap blocks of `block_size` tokens, K/V in [`KvDtype::auto`]'s type
+    /// for the model (f16 when its weights stay quantized, else f32).
     pub fn new(
         model: LlamaModel,
         num_blocks: usize,
         num_cpu_blocks: usize,
         block_size: usize,
     ) -> Result<Self, ExecError> {
+        let dtype = KvDtype::auto(model.is_quantized());
+        Self::with_kv_dtype(model, num_blocks, num_cpu_blocks, block_size, dtype)
+    }
+
+    /// [`CpuExecutor::new`] with K/V kept in `dtype`. Pools are zeroed;
+    /// memory is `(num_blocks + num_cpu_blocks) * bytes_per_block`.
+    pub fn with_kv_dtype(
+        model: LlamaModel,
+        num_blocks: usize,
+        num_cpu_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> Result<Self, ExecError> {
         if block_size == 0 || num_blocks == 0 {
             return Err(ExecError::InvalidBatch(
                 "block_size and num_blocks must be positive".into(),
             ));
         }
-        let device = KvCache::new(model.kv_geometry(num_blocks, block_size));
-        let host = KvCache::new(model.kv_geometry(num_cpu_blocks, block_size));
+        let device = KvCache::with_dtype(model.kv_geometry(num_blocks, block_size), dtype);
+        let host = KvCache::with_dtype(model.kv_geometry(num_cpu_blocks, block_size), dtype);
         Ok(Self {
             model,
             device,
@@ -45,30 +58,39 @@ impl CpuExecutor {
     }
 
     /// Sizes both pools from byte budgets (`--kv-cache-memory`, `--swap-space`):
-    /// as many whole blocks as fit.
+    /// as many whole blocks of `dtype` as fit.
     pub fn with_memory_budget(
         model: LlamaModel,
         kv_cache_bytes: usize,
         swap_bytes: usize,
         block_size: usize,
+        dtype: KvDtype,
     ) -> Result<Self, ExecError> {
-        let per_block = Self::bytes_per_block(&model, block_size);
+        let per_block = Self::bytes_per_block(&model, block_size, dtype);
         if per_block == 0 || kv_cache_bytes < per_block {
             return Err(ExecError::InvalidBatch(format!(
                 "KV cache budget of {kv_cache_bytes} bytes holds no block of {per_block} bytes"
             )));
         }
-        Self::new(
+        Self::with_kv_dtype(
             model,
             kv_cache_bytes / per_block,
             swap_bytes / per_block,
             block_size,
+            dtype,
         )
     }
 
-    /// Bytes one block takes for `model` (all layers, K and V).
-    pub fn bytes_per_block(model: &LlamaModel, block_size: usize) -> usize {
-        model.kv_geometry(1, block_size).bytes_per_block()
+    /// Bytes one block takes for `model` in `dtype` (all layers, K and V).
+    pub fn bytes_per_block(model: &LlamaModel, block_size: usize, dtype: KvDtype) -> usize {
+        model
+            .kv_geometry(1, block_size)
+            .bytes_per_block(dtype.size())
+    }
+
+    /// The element type of both pools.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.device.dtype()
     }
 
     /// The model.

@@ -9,7 +9,7 @@
 
 use super::gpu::DType;
 use super::{CpuExecutor, ExecError, Executor, HostLayer, HostModel, HostWeights};
-use crate::model::LlamaModel;
+use crate::model::{KvDtype, LlamaModel};
 
 /// The CPU model's weights as the GPU executor reads them: the one place
 /// where the CPU model meets the GPU executor. Quantized matrices show as
@@ -68,6 +68,10 @@ pub struct ExecutorRequest {
     pub max_num_batched_tokens: usize,
     /// CUDA: element type of weights, activations and KV cache.
     pub dtype: DType,
+    /// `--kv-cache-dtype`: the KV pools' element type; `None` (auto) is
+    /// [`KvDtype::auto`] on the CPU and `dtype` on CUDA, where any other
+    /// choice is refused.
+    pub kv_cache_dtype: Option<KvDtype>,
     /// CUDA: decode steps of up to `min(512, max_num_seqs)` sequences run as
     /// CUDA graphs (one per batch-size bucket) unless `enforce_eager`.
     pub max_num_seqs: usize,
@@ -100,15 +104,19 @@ fn cpu(
     req: &ExecutorRequest,
     description: String,
 ) -> Result<BuiltExecutor, ExecError> {
-    let per_block = CpuExecutor::bytes_per_block(&model, req.block_size).max(1);
+    let kv_dtype = req
+        .kv_cache_dtype
+        .unwrap_or_else(|| KvDtype::auto(model.is_quantized()));
+    let per_block = CpuExecutor::bytes_per_block(&model, req.block_size, kv_dtype).max(1);
     let gpu_blocks = req
         .num_gpu_blocks
         .unwrap_or(req.cpu_kv_cache_bytes / per_block);
     let cpu_blocks = req.swap_bytes / per_block;
-    let executor = CpuExecutor::new(model, gpu_blocks, cpu_blocks, req.block_size)?;
+    let executor =
+        CpuExecutor::with_kv_dtype(model, gpu_blocks, cpu_blocks, req.block_size, kv_dtype)?;
     Ok(BuiltExecutor {
         executor: Box::new(executor),
-        description,
+        description: format!("{description}, KV cache {}", kv_dtype.name()),
     })
 }
 
@@ -127,6 +135,19 @@ pub fn cuda_unavailable_reason() -> Option<String> {
 #[cfg(feature = "cuda")]
 fn cuda(model: &LlamaModel, req: &ExecutorRequest) -> Result<BuiltExecutor, ExecError> {
     use super::gpu::{cuda::CudaDevice, GpuExecutor, GpuOptions, KvSizing};
+    let kv_matches = match req.kv_cache_dtype {
+        None => true,
+        Some(KvDtype::F32) => req.dtype == DType::F32,
+        Some(KvDtype::F16) => req.dtype == DType::F16,
+    };
+    if !kv_matches {
+        return Err(ExecError::Device(format!(
+            "--kv-cache-dtype {} differs from --dtype {:?}: the GPU keeps its KV cache in \
+             --dtype (leave --kv-cache-dtype at auto)",
+            req.kv_cache_dtype.map_or("auto", KvDtype::name),
+            req.dtype
+        )));
+    }
     let dev = CudaDevice::new(0)?;
     let kv = match req.num_gpu_blocks {
         Some(gpu) => KvSizing::Blocks {
@@ -183,6 +204,7 @@ mod tests {
             gpu_memory_utilization: 0.9,
             max_num_batched_tokens: 64,
             dtype: DType::Bf16,
+            kv_cache_dtype: None,
             max_num_seqs: 8,
             enforce_eager: false,
         }
@@ -213,5 +235,30 @@ mod tests {
                 assert!(b.description.starts_with("cuda"), "{}", b.description);
             }
         }
+    }
+
+    #[test]
+    fn cpu_kv_cache_dtype_sizes_the_pool_from_the_byte_budget() {
+        let m = model();
+        let per_f32 = CpuExecutor::bytes_per_block(&m, 4, KvDtype::F32);
+        let mut r = req(DeviceKind::Cpu);
+        r.num_gpu_blocks = None;
+        r.cpu_kv_cache_bytes = 4 * per_f32;
+        // An f32 model: auto is f32.
+        let b = build_executor(model(), &r).expect("auto");
+        assert_eq!(b.executor.num_blocks().0, 4);
+        assert!(
+            b.description.ends_with("KV cache float32"),
+            "{}",
+            b.description
+        );
+        r.kv_cache_dtype = Some(KvDtype::F16);
+        let b = build_executor(m, &r).expect("f16");
+        assert_eq!(b.executor.num_blocks().0, 8);
+        assert!(
+            b.description.ends_with("KV cache float16"),
+            "{}",
+            b.description
+        );
     }
 }

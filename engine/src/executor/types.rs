@@ -126,19 +126,20 @@ impl KvGeometry {
         }
     }
 
-    /// f32 elements of one token's K (or V) in one layer.
+    /// Elements of one token's K (or V) in one layer.
     pub fn token_elems(&self) -> usize {
         self.num_kv_heads * self.head_dim
     }
 
-    /// f32 elements of one block's K (or V) in one layer.
+    /// Elements of one block's K (or V) in one layer.
     pub fn block_elems(&self) -> usize {
         self.block_size * self.token_elems()
     }
 
-    /// Bytes one block takes across all layers, K and V.
-    pub fn bytes_per_block(&self) -> usize {
-        2 * self.num_layers * self.block_elems() * std::mem::size_of::<f32>()
+    /// Bytes one block takes across all layers, K and V, at `elem_bytes`
+    /// per element.
+    pub fn bytes_per_block(&self, elem_bytes: usize) -> usize {
+        2 * self.num_layers * self.block_elems() * elem_bytes
     }
 
     /// Total slots in the pool.

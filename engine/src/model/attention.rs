@@ -17,7 +17,7 @@
 //! reused). Softmax is the max-subtracted form with f32 accumulation.
 
 use super::attn_rows;
-use super::kv_cache::{KvGeometry, LayerKv};
+use super::kv_cache::{Kv, KvElem, KvGeometry, LayerKv};
 use super::ops::softmax_in_place;
 use super::par;
 use crate::executor::SeqSpan;
@@ -25,25 +25,6 @@ use std::cell::RefCell;
 
 /// Query tokens per attention task (balances long prefills over cores).
 const QUERY_CHUNK: usize = 16;
-
-/// Writes this step's K and V (`[tokens, num_kv_heads * head_dim]`, rows
-/// `k_stride`/`v_stride` apart) into the pool at `slots`. Slots are in range
-/// (validated).
-pub fn write_kv(
-    layer: &mut LayerKv,
-    k: &[f32],
-    v: &[f32],
-    row_stride: usize,
-    slots: &[usize],
-    token_elems: usize,
-) {
-    for (t, &slot) in slots.iter().enumerate() {
-        let dst = slot * token_elems..(slot + 1) * token_elems;
-        let src = t * row_stride..t * row_stride + token_elems;
-        layer.k[dst.clone()].copy_from_slice(&k[src.clone()]);
-        layer.v[dst].copy_from_slice(&v[src]);
-    }
-}
 
 /// One unit of attention work.
 #[derive(Debug, Clone, Copy)]
@@ -151,6 +132,30 @@ pub fn paged_attention(
         out.len() >= rows * out_stride && q.len() >= rows.saturating_sub(1) * q_stride + out_stride
     );
     let out_ptr = OutPtr(out.as_mut_ptr());
+    match layer {
+        LayerKv::F32(kv) => run_tasks(
+            params, q, q_stride, kv, geom, seqs, tasks, num_heads, out_ptr,
+        ),
+        LayerKv::F16(kv) => run_tasks(
+            params, q, q_stride, kv, geom, seqs, tasks, num_heads, out_ptr,
+        ),
+    }
+}
+
+/// [`paged_attention`] on a pool of one element type.
+#[allow(clippy::too_many_arguments)]
+fn run_tasks<E: KvElem>(
+    params: AttnParams,
+    q: &[f32],
+    q_stride: usize,
+    layer: &Kv<E>,
+    geom: &KvGeometry,
+    seqs: &[SeqSpan],
+    tasks: &[AttnTask],
+    num_heads: usize,
+    out_ptr: OutPtr,
+) {
+    let out_stride = num_heads * geom.head_dim;
     par::for_each(tasks.len(), |t| {
         let task = &tasks[t];
         SCRATCH.with(|cell| {
@@ -173,11 +178,11 @@ pub fn paged_attention(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attend_task(
+fn attend_task<E: KvElem>(
     params: AttnParams,
     q: &[f32],
     q_stride: usize,
-    layer: &LayerKv,
+    layer: &Kv<E>,
     geom: &KvGeometry,
     span: &SeqSpan,
     task: &AttnTask,

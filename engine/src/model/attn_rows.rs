@@ -1,8 +1,10 @@
 //! The two inner loops of CPU attention for one query row: the scores of
 //! a list of keys and the probability-weighted sum of their values, keys
-//! and values addressed by pool offsets (the paged layout).
+//! and values addressed by pool offsets (the paged layout), in the pool's
+//! element type ([`KvElem`]: f32, or f16 widened to f32 as it is loaded,
+//! eight values per `vcvtph2ps`).
 //!
-//! With AVX2 + FMA (the workspace's `x86-64-v3` baseline) the scores run
+//! With AVX2 + FMA + F16C (the workspace's `x86-64-v3` baseline) the scores run
 //! four keys at a time (one load of each query vector feeds four FMA
 //! chains, and the four sums are reduced together by three `vhaddps`
 //! instead of one horizontal sum per key), and the weighted sum keeps up to
@@ -19,16 +21,17 @@
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
-    target_feature = "fma"
+    target_feature = "fma",
+    target_feature = "f16c"
 ))]
 use std::arch::x86_64::*;
 
-use super::ops::dot;
+use super::kv_cache::KvElem;
 
 /// `out[i] = scale * (q . pool[addrs[i]..][..q.len()])`.
 ///
 /// Panics if `out` is shorter than `addrs` or an address runs past `pool`.
-pub fn scores(q: &[f32], pool: &[f32], addrs: &[usize], scale: f32, out: &mut [f32]) {
+pub fn scores<E: KvElem>(q: &[f32], pool: &[E], addrs: &[usize], scale: f32, out: &mut [f32]) {
     let hd = q.len();
     assert!(
         out.len() >= addrs.len() && addrs.iter().all(|&a| a + hd <= pool.len()),
@@ -38,23 +41,24 @@ pub fn scores(q: &[f32], pool: &[f32], addrs: &[usize], scale: f32, out: &mut [f
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
-        target_feature = "fma"
+        target_feature = "fma",
+        target_feature = "f16c"
     ))]
     if hd.is_multiple_of(8) {
-        // SAFETY: AVX2 and FMA are enabled at compile time (the cfg); every
+        // SAFETY: AVX2, FMA and F16C are enabled at compile time (the cfg); every
         // address is checked against the pool above and `out` is long
         // enough.
         done = unsafe { scores4(q, pool, addrs, scale, out) };
     }
     for (o, &a) in out[done..].iter_mut().zip(&addrs[done..]) {
-        *o = dot(q, &pool[a..a + hd]) * scale;
+        *o = E::dot(q, &pool[a..a + hd]) * scale;
     }
 }
 
 /// `o = sum_i p[i] * pool[addrs[i]..][..o.len()]`, keys in order.
 ///
 /// Panics if `p` is shorter than `addrs` or an address runs past `pool`.
-pub fn weighted_sum(p: &[f32], pool: &[f32], addrs: &[usize], o: &mut [f32]) {
+pub fn weighted_sum<E: KvElem>(p: &[f32], pool: &[E], addrs: &[usize], o: &mut [f32]) {
     let hd = o.len();
     assert!(
         p.len() >= addrs.len() && addrs.iter().all(|&a| a + hd <= pool.len()),
@@ -63,22 +67,23 @@ pub fn weighted_sum(p: &[f32], pool: &[f32], addrs: &[usize], o: &mut [f32]) {
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
-        target_feature = "fma"
+        target_feature = "fma",
+        target_feature = "f16c"
     ))]
     if hd.is_multiple_of(8) {
         for c0 in (0..hd).step_by(64) {
-            // SAFETY: AVX2 and FMA are enabled at compile time; the chunk
+            // SAFETY: AVX2, FMA and F16C are enabled at compile time; the chunk
             // c0..c0 + 8 n lies inside `o` and inside each checked key.
             unsafe {
                 match (hd - c0).min(64) / 8 {
-                    8 => sum_chunk::<8>(p, pool, addrs, c0, o),
-                    7 => sum_chunk::<7>(p, pool, addrs, c0, o),
-                    6 => sum_chunk::<6>(p, pool, addrs, c0, o),
-                    5 => sum_chunk::<5>(p, pool, addrs, c0, o),
-                    4 => sum_chunk::<4>(p, pool, addrs, c0, o),
-                    3 => sum_chunk::<3>(p, pool, addrs, c0, o),
-                    2 => sum_chunk::<2>(p, pool, addrs, c0, o),
-                    _ => sum_chunk::<1>(p, pool, addrs, c0, o),
+                    8 => sum_chunk::<E, 8>(p, pool, addrs, c0, o),
+                    7 => sum_chunk::<E, 7>(p, pool, addrs, c0, o),
+                    6 => sum_chunk::<E, 6>(p, pool, addrs, c0, o),
+                    5 => sum_chunk::<E, 5>(p, pool, addrs, c0, o),
+                    4 => sum_chunk::<E, 4>(p, pool, addrs, c0, o),
+                    3 => sum_chunk::<E, 3>(p, pool, addrs, c0, o),
+                    2 => sum_chunk::<E, 2>(p, pool, addrs, c0, o),
+                    _ => sum_chunk::<E, 1>(p, pool, addrs, c0, o),
                 }
             }
         }
@@ -88,12 +93,12 @@ pub fn weighted_sum(p: &[f32], pool: &[f32], addrs: &[usize], o: &mut [f32]) {
 }
 
 /// The portable [`weighted_sum`] (one FMA per value, keys in order).
-pub fn weighted_sum_portable(p: &[f32], pool: &[f32], addrs: &[usize], o: &mut [f32]) {
+pub fn weighted_sum_portable<E: KvElem>(p: &[f32], pool: &[E], addrs: &[usize], o: &mut [f32]) {
     let hd = o.len();
     o.fill(0.0);
     for (&pj, &a) in p.iter().zip(addrs) {
         for (ov, v) in o.iter_mut().zip(&pool[a..a + hd]) {
-            *ov = v.mul_add(pj, *ov);
+            *ov = v.to_f32().mul_add(pj, *ov);
         }
     }
 }
@@ -102,15 +107,22 @@ pub fn weighted_sum_portable(p: &[f32], pool: &[f32], addrs: &[usize], o: &mut [
 /// count.
 ///
 /// # Safety
-/// AVX2 and FMA; `q.len()` a multiple of 8; every `addrs[i] + q.len() <=
+/// AVX2, FMA and F16C; `q.len()` a multiple of 8; every `addrs[i] + q.len() <=
 /// pool.len()`; `out.len() >= addrs.len()`.
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
-    target_feature = "fma"
+    target_feature = "fma",
+    target_feature = "f16c"
 ))]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn scores4(q: &[f32], pool: &[f32], addrs: &[usize], scale: f32, out: &mut [f32]) -> usize {
+unsafe fn scores4<E: KvElem>(
+    q: &[f32],
+    pool: &[E],
+    addrs: &[usize],
+    scale: f32,
+    out: &mut [f32],
+) -> usize {
     let (qp, pp, hd) = (q.as_ptr(), pool.as_ptr(), q.len());
     let sc = _mm_set1_ps(scale);
     let whole = addrs.len() / 4 * 4;
@@ -118,12 +130,12 @@ unsafe fn scores4(q: &[f32], pool: &[f32], addrs: &[usize], scale: f32, out: &mu
         // SAFETY: the caller's contract: each key's hd values lie in the
         // pool, d + 8 <= hd, and 4 i + 4 <= whole <= out.len().
         unsafe {
-            let k: [*const f32; 4] = std::array::from_fn(|j| pp.add(a4[j]));
+            let k: [*const E; 4] = std::array::from_fn(|j| pp.add(a4[j]));
             let mut acc = [_mm256_setzero_ps(); 4];
             for d in (0..hd).step_by(8) {
                 let qd = _mm256_loadu_ps(qp.add(d));
                 for j in 0..4 {
-                    acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k[j].add(d)), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(qd, E::load8(k[j].add(d)), acc[j]);
                 }
             }
             // [a0 a1 a2 a3] per 128-bit half, then the halves added.
@@ -141,18 +153,19 @@ unsafe fn scores4(q: &[f32], pool: &[f32], addrs: &[usize], scale: f32, out: &mu
 /// Values `c0..c0 + 8 N` of [`weighted_sum`], held in `N` registers.
 ///
 /// # Safety
-/// AVX2 and FMA; `c0 + 8 N <= o.len()`; every `addrs[i] + o.len() <=
+/// AVX2, FMA and F16C; `c0 + 8 N <= o.len()`; every `addrs[i] + o.len() <=
 /// pool.len()`; `p.len() >= addrs.len()`.
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
-    target_feature = "fma"
+    target_feature = "fma",
+    target_feature = "f16c"
 ))]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn sum_chunk<const N: usize>(
+unsafe fn sum_chunk<E: KvElem, const N: usize>(
     p: &[f32],
-    pool: &[f32],
+    pool: &[E],
     addrs: &[usize],
     c0: usize,
     o: &mut [f32],
@@ -164,7 +177,7 @@ unsafe fn sum_chunk<const N: usize>(
             let w = _mm256_set1_ps(pj);
             let v = pool.as_ptr().add(a + c0);
             for (i, r) in acc.iter_mut().enumerate() {
-                *r = _mm256_fmadd_ps(_mm256_loadu_ps(v.add(8 * i)), w, *r);
+                *r = _mm256_fmadd_ps(E::load8(v.add(8 * i)), w, *r);
             }
         }
     }
@@ -177,6 +190,7 @@ unsafe fn sum_chunk<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     fn pool_and_addrs(hd: usize, n: usize) -> (Vec<f32>, Vec<usize>) {
         let te = 3 * hd + 8;
@@ -188,10 +202,10 @@ mod tests {
         (pool, addrs)
     }
 
-    #[test]
-    fn scores_match_per_key_dot_products() {
+    fn check_scores<E: KvElem>(to_pool: impl Fn(f32) -> E) {
         for (hd, n) in [(64, 9), (8, 4), (24, 7), (256, 13), (12, 5), (64, 0)] {
             let (pool, addrs) = pool_and_addrs(hd, n);
+            let pool: Vec<E> = pool.into_iter().map(&to_pool).collect();
             let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin()).collect();
             let mut got = vec![f32::NAN; n];
             scores(&q, &pool, &addrs, 0.125, &mut got);
@@ -199,7 +213,7 @@ mod tests {
                 let want: f64 = q
                     .iter()
                     .zip(&pool[a..a + hd])
-                    .map(|(x, y)| f64::from(*x) * f64::from(*y))
+                    .map(|(x, y)| f64::from(*x) * f64::from(y.to_f32()))
                     .sum::<f64>()
                     * 0.125;
                 assert!(
@@ -211,15 +225,27 @@ mod tests {
         }
     }
 
-    #[test]
-    fn weighted_sum_equals_the_portable_form_bit_for_bit() {
+    fn check_weighted_sum<E: KvElem>(to_pool: impl Fn(f32) -> E) {
         for (hd, n) in [(64, 9), (8, 1), (24, 7), (256, 13), (12, 5), (72, 3)] {
             let (pool, addrs) = pool_and_addrs(hd, n);
+            let pool: Vec<E> = pool.into_iter().map(&to_pool).collect();
             let p: Vec<f32> = (0..n).map(|j| 1.0 / (j as f32 + 2.0)).collect();
             let (mut fast, mut slow) = (vec![f32::NAN; hd], vec![f32::NAN; hd]);
             weighted_sum(&p, &pool, &addrs, &mut fast);
             weighted_sum_portable(&p, &pool, &addrs, &mut slow);
             assert_eq!(fast, slow, "hd {hd}");
         }
+    }
+
+    #[test]
+    fn scores_match_per_key_dot_products() {
+        check_scores(|x| x);
+        check_scores(f16::from_f32);
+    }
+
+    #[test]
+    fn weighted_sum_equals_the_portable_form_bit_for_bit() {
+        check_weighted_sum(|x| x);
+        check_weighted_sum(f16::from_f32);
     }
 }

@@ -2,49 +2,302 @@
 //!
 //! Layout (fixed; the GPU kernels use the same): for every layer, one K and
 //! one V array of shape `[num_blocks, block_size, num_kv_heads, head_dim]`,
-//! row-major f32. Token slot `s = block * block_size + offset` therefore
+//! row-major. Token slot `s = block * block_size + offset` therefore
 //! starts at element `s * num_kv_heads * head_dim`, and one block of one
 //! layer is a contiguous run of `block_size * num_kv_heads * head_dim`
 //! elements, so block copies and swaps are `memcpy`s.
 //!
+//! Element type ([`KvDtype`]): f32, or f16 as llama.cpp keeps its cache
+//! (half the bytes per token, so half the memory traffic of attention,
+//! which reads every cached token of every sequence each step; values are
+//! rounded to nearest once, when written). Every layer of a pool has the
+//! same type; [`LayerKv`] is the closed enum the attention code dispatches
+//! on once per layer.
+//!
 //! A pool is one [`KvCache`]; the accelerator pool and the CPU swap pool are
-//! two separate instances of the same geometry.
+//! two separate instances of the same geometry and type.
+
+use std::ops::Range;
+
+use half::f16;
 
 use crate::executor::ExecError;
 use crate::kv::BlockId;
 
 pub use crate::executor::types::KvGeometry;
 
-/// K and V of one layer, each `[num_blocks, block_size, num_kv_heads, head_dim]`.
-#[derive(Debug, Clone)]
-pub struct LayerKv {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+/// Element type of a CPU KV pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    F16,
 }
 
-/// One pool of KV blocks (all layers).
+impl KvDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    /// The `--kv-cache-dtype` value naming this type.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "float32",
+            KvDtype::F16 => "float16",
+        }
+    }
+
+    /// `--kv-cache-dtype auto` on the CPU: f16 (as llama.cpp) for a model
+    /// whose weights stay quantized, f32 for the float32 reference path.
+    pub fn auto(weights_quantized: bool) -> Self {
+        if weights_quantized {
+            KvDtype::F16
+        } else {
+            KvDtype::F32
+        }
+    }
+}
+
+/// A type a pool can hold: `f32` or `f16` (sealed).
+pub trait KvElem: Copy + Default + Send + Sync + sealed::Sealed + 'static {
+    /// Stores `src` into `dst` (same length), rounding to nearest.
+    fn store(dst: &mut [Self], src: &[f32]);
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+    /// `q . k`, in any order of summation (the portable attention path).
+    fn dot(q: &[f32], k: &[Self]) -> f32;
+    /// Eight values from `p` as f32.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading eight elements.
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+}
+
+impl KvElem for f32 {
+    fn store(dst: &mut [f32], src: &[f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    fn dot(q: &[f32], k: &[f32]) -> f32 {
+        super::ops::dot(q, k)
+    }
+
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's contract (8 readable elements); AVX is
+        // enabled at compile time (the cfg).
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+impl KvElem for f16 {
+    fn store(dst: &mut [f16], src: &[f32]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
+    }
+
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+
+    fn dot(q: &[f32], k: &[f16]) -> f32 {
+        q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum()
+    }
+
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract (8 readable f16, 16 bytes); F16C is
+        // enabled at compile time (the cfg).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+}
+
+/// K and V of one layer in one element type, each
+/// `[num_blocks, block_size, num_kv_heads, head_dim]`.
+#[derive(Debug, Clone)]
+pub struct Kv<E> {
+    pub k: Vec<E>,
+    pub v: Vec<E>,
+}
+
+impl<E: KvElem> Kv<E> {
+    fn zeroed(n: usize) -> Self {
+        Self {
+            k: vec![E::default(); n],
+            v: vec![E::default(); n],
+        }
+    }
+
+    /// Stores token `t`'s K and V (rows `row_stride` apart in `k`/`v`,
+    /// `token_elems` each) at pool slot `slots[t]`, for every `t`.
+    fn write(
+        &mut self,
+        k: &[f32],
+        v: &[f32],
+        row_stride: usize,
+        slots: &[usize],
+        token_elems: usize,
+    ) {
+        for (t, &slot) in slots.iter().enumerate() {
+            let dst = slot * token_elems..(slot + 1) * token_elems;
+            let src = t * row_stride..t * row_stride + token_elems;
+            E::store(&mut self.k[dst.clone()], &k[src.clone()]);
+            E::store(&mut self.v[dst], &v[src]);
+        }
+    }
+
+    fn copy_within(&mut self, src: Range<usize>, dst: usize) {
+        self.k.copy_within(src.clone(), dst);
+        self.v.copy_within(src, dst);
+    }
+
+    fn copy_from(&mut self, from: &Kv<E>, src: Range<usize>, dst: usize) {
+        let n = src.len();
+        self.k[dst..dst + n].copy_from_slice(&from.k[src.clone()]);
+        self.v[dst..dst + n].copy_from_slice(&from.v[src]);
+    }
+}
+
+/// K and V of one layer (one type per pool; the attention code matches on
+/// it once per layer).
+#[derive(Debug, Clone)]
+pub enum LayerKv {
+    F32(Kv<f32>),
+    F16(Kv<f16>),
+}
+
+impl LayerKv {
+    fn zeroed(dtype: KvDtype, n: usize) -> Self {
+        match dtype {
+            KvDtype::F32 => LayerKv::F32(Kv::zeroed(n)),
+            KvDtype::F16 => LayerKv::F16(Kv::zeroed(n)),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> KvDtype {
+        match self {
+            LayerKv::F32(_) => KvDtype::F32,
+            LayerKv::F16(_) => KvDtype::F16,
+        }
+    }
+
+    /// Writes this step's K and V (`[tokens, num_kv_heads * head_dim]`,
+    /// rows `row_stride` apart) at `slots`, rounding to the pool's type.
+    /// Panics if a slot lies outside the pool (callers validate first).
+    pub fn write(
+        &mut self,
+        k: &[f32],
+        v: &[f32],
+        row_stride: usize,
+        slots: &[usize],
+        token_elems: usize,
+    ) {
+        match self {
+            LayerKv::F32(kv) => kv.write(k, v, row_stride, slots, token_elems),
+            LayerKv::F16(kv) => kv.write(k, v, row_stride, slots, token_elems),
+        }
+    }
+
+    /// K and V elements `range`, as f32 (tests and inspection).
+    pub fn read(&self, range: Range<usize>) -> (Vec<f32>, Vec<f32>) {
+        fn f<E: KvElem>(kv: &Kv<E>, r: Range<usize>) -> (Vec<f32>, Vec<f32>) {
+            let conv = |x: &[E]| x.iter().map(|e| e.to_f32()).collect();
+            (conv(&kv.k[r.clone()]), conv(&kv.v[r]))
+        }
+        match self {
+            LayerKv::F32(kv) => f(kv, range),
+            LayerKv::F16(kv) => f(kv, range),
+        }
+    }
+
+    fn copy_within(&mut self, src: Range<usize>, dst: usize) {
+        match self {
+            LayerKv::F32(kv) => kv.copy_within(src, dst),
+            LayerKv::F16(kv) => kv.copy_within(src, dst),
+        }
+    }
+
+    /// Copies `from`'s elements `src` to `dst..`; `false` (nothing copied)
+    /// when the two types differ.
+    fn copy_from(&mut self, from: &LayerKv, src: Range<usize>, dst: usize) -> bool {
+        match (self, from) {
+            (LayerKv::F32(to), LayerKv::F32(fr)) => to.copy_from(fr, src, dst),
+            (LayerKv::F16(to), LayerKv::F16(fr)) => to.copy_from(fr, src, dst),
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// One pool of KV blocks (all layers, one element type).
 #[derive(Debug, Clone)]
 pub struct KvCache {
     geometry: KvGeometry,
+    dtype: KvDtype,
     layers: Vec<LayerKv>,
 }
 
 impl KvCache {
-    /// A zeroed pool. Memory: `geometry.num_blocks * bytes_per_block()`.
+    /// A zeroed f32 pool (the reference type).
     pub fn new(geometry: KvGeometry) -> Self {
+        Self::with_dtype(geometry, KvDtype::F32)
+    }
+
+    /// A zeroed pool of `dtype`. Memory: `geometry.num_blocks *
+    /// geometry.bytes_per_block(dtype.size())`.
+    pub fn with_dtype(geometry: KvGeometry, dtype: KvDtype) -> Self {
         let n = geometry.num_blocks * geometry.block_elems();
         let layers = (0..geometry.num_layers)
-            .map(|_| LayerKv {
-                k: vec![0.0; n],
-                v: vec![0.0; n],
-            })
+            .map(|_| LayerKv::zeroed(dtype, n))
             .collect();
-        Self { geometry, layers }
+        Self {
+            geometry,
+            dtype,
+            layers,
+        }
     }
 
     /// The pool's shape.
     pub fn geometry(&self) -> KvGeometry {
         self.geometry
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
     }
 
     /// K and V of one layer.
@@ -75,14 +328,14 @@ impl KvCache {
         }
         let e = self.geometry.block_elems();
         for l in &mut self.layers {
-            l.k.copy_within(s * e..(s + 1) * e, d * e);
-            l.v.copy_within(s * e..(s + 1) * e, d * e);
+            l.copy_within(s * e..(s + 1) * e, d * e);
         }
         Ok(())
     }
 
     /// Copies block `src` of `from` into block `dst` of `self`, all layers,
-    /// K and V (swap in or out). Both pools must share layers and block shape.
+    /// K and V (swap in or out). Both pools must share layers, block shape
+    /// and element type.
     pub fn copy_block_from(
         &mut self,
         from: &KvCache,
@@ -90,17 +343,88 @@ impl KvCache {
         dst: BlockId,
     ) -> Result<(), ExecError> {
         let (g, h) = (self.geometry, from.geometry);
-        if g.num_layers != h.num_layers || g.block_elems() != h.block_elems() {
+        if g.num_layers != h.num_layers
+            || g.block_elems() != h.block_elems()
+            || self.dtype != from.dtype
+        {
             return Err(ExecError::InvalidBatch(
-                "swap between pools of different block shapes".into(),
+                "swap between pools of different block shapes or element types".into(),
             ));
         }
         let (s, d) = (from.check(src)?, self.check(dst)?);
         let e = g.block_elems();
         for (to, fr) in self.layers.iter_mut().zip(&from.layers) {
-            to.k[d * e..(d + 1) * e].copy_from_slice(&fr.k[s * e..(s + 1) * e]);
-            to.v[d * e..(d + 1) * e].copy_from_slice(&fr.v[s * e..(s + 1) * e]);
+            let same_type = to.copy_from(fr, s * e..(s + 1) * e, d * e);
+            debug_assert!(same_type, "pool types checked above");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geom(num_blocks: usize) -> KvGeometry {
+        KvGeometry {
+            num_layers: 2,
+            num_blocks,
+            block_size: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        }
+    }
+
+    #[test]
+    fn f16_pool_stores_rounded_values_and_moves_blocks_whole() {
+        let g = geom(3);
+        let te = g.token_elems();
+        let mut pool = KvCache::with_dtype(g, KvDtype::F16);
+        // Two tokens at slots 1 and 6 (blocks 0 and 1), rows 2 te apart.
+        let k: Vec<f32> = (0..4 * te).map(|i| 0.1 + i as f32 / 3.0).collect();
+        let v: Vec<f32> = k.iter().map(|x| -x).collect();
+        pool.layer_mut(1).write(&k, &v, 2 * te, &[1, 6], te);
+        let (k1, v1) = pool.layer(1).read(te..2 * te);
+        for (i, (a, b)) in k1.iter().zip(&v1).enumerate() {
+            let want = f16::from_f32(k[i]).to_f32();
+            assert_eq!((*a, *b), (want, -want), "element {i}");
+            assert!((a - k[i]).abs() <= k[i].abs() * 2f32.powi(-11));
+        }
+        assert!(pool
+            .layer(0)
+            .read(0..g.block_elems())
+            .0
+            .iter()
+            .all(|&x| x == 0.0));
+
+        let before = pool.layer(1).read(4 * te..8 * te);
+        pool.copy_block(BlockId(1), BlockId(2)).expect("copy");
+        assert_eq!(pool.layer(1).read(8 * te..12 * te), before);
+
+        let mut host = KvCache::with_dtype(geom(2), KvDtype::F16);
+        host.copy_block_from(&pool, BlockId(0), BlockId(1))
+            .expect("swap");
+        assert_eq!(
+            host.layer(1).read(4 * te..8 * te),
+            pool.layer(1).read(0..4 * te)
+        );
+        assert_eq!(
+            g.bytes_per_block(KvDtype::F16.size()) * 2,
+            g.bytes_per_block(4)
+        );
+    }
+
+    #[test]
+    fn swap_between_pools_of_different_types_is_an_error() {
+        let mut f32_pool = KvCache::new(geom(2));
+        let f16_pool = KvCache::with_dtype(geom(2), KvDtype::F16);
+        assert!(matches!(
+            f32_pool.copy_block_from(&f16_pool, BlockId(0), BlockId(1)),
+            Err(ExecError::InvalidBatch(_))
+        ));
+        assert!(matches!(
+            f32_pool.copy_block(BlockId(0), BlockId(2)),
+            Err(ExecError::BlockOutOfRange(BlockId(2)))
+        ));
     }
 }

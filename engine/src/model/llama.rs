@@ -16,7 +16,7 @@
 //! applied only to `batch.logits_rows`. Scratch activations are allocated
 //! once per call and reused by every layer.
 
-use super::attention::{paged_attention, plan, write_kv, AttnParams};
+use super::attention::{paged_attention, plan, AttnParams};
 use super::batch::validate;
 use super::kv_cache::{KvCache, KvGeometry};
 use std::borrow::Cow;
@@ -432,8 +432,7 @@ impl LlamaModel {
                 rope.apply(q, pos);
                 rope.apply(&mut rest[..kvd], pos);
             }
-            write_kv(
-                cache.layer_mut(li),
+            cache.layer_mut(li).write(
                 &qkv[qd..],
                 &qkv[qd + kvd..],
                 qkv_dim,

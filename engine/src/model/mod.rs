@@ -31,7 +31,7 @@ mod tests_model;
 #[cfg(test)]
 mod tests_ops;
 
-pub use kv_cache::{KvCache, KvGeometry, LayerKv};
+pub use kv_cache::{Kv, KvCache, KvDtype, KvElem, KvGeometry, LayerKv};
 pub use llama::{LayerView, LlamaModel, WeightsView};
 
 use thiserror::Error;

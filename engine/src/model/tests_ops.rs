@@ -1,7 +1,7 @@
 //! Each op against a plain, obviously-correct reference.
 
-use super::attention::{paged_attention, plan, write_kv, AttnParams};
-use super::kv_cache::{KvCache, KvGeometry};
+use super::attention::{paged_attention, plan, AttnParams};
+use super::kv_cache::{KvCache, KvDtype, KvGeometry};
 use super::ops::{
     dot, exp, gelu_tanh_mul, rms_norm, rms_norm_in_place, rope_inv_freq, silu_mul,
     softmax_in_place, RopeTables,
@@ -219,7 +219,8 @@ fn naive_attention(
 }
 
 /// Sequences given as (query_len, context_len); block tables drawn from a
-/// shuffled pool; all K/V written through the slot mapping.
+/// shuffled pool; all K/V written through the slot mapping, into an f32
+/// pool and into an f16 one (whose reference reads the K/V rounded to f16).
 fn check_paged_attention(shapes: &[(usize, usize)], block_size: usize, seed: u64) {
     check_paged_attention_with(shapes, block_size, seed, AttnParams::causal(16));
 }
@@ -229,6 +230,18 @@ fn check_paged_attention_with(
     block_size: usize,
     seed: u64,
     params: AttnParams,
+) {
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        check_paged_attention_in(shapes, block_size, seed, params, dtype);
+    }
+}
+
+fn check_paged_attention_in(
+    shapes: &[(usize, usize)],
+    block_size: usize,
+    seed: u64,
+    params: AttnParams,
+    dtype: KvDtype,
 ) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (heads, kvh, hd) = (6, 2, 16);
@@ -243,7 +256,7 @@ fn check_paged_attention_with(
     };
     let mut pool: Vec<u32> = (0..geom.num_blocks as u32).collect();
     pool.shuffle(&mut rng);
-    let mut cache = KvCache::new(geom);
+    let mut cache = KvCache::with_dtype(geom, dtype);
     let mut seqs = Vec::new();
     let mut q_all = Vec::new();
     let mut want = Vec::new();
@@ -257,7 +270,12 @@ fn check_paged_attention_with(
         let slots: Vec<usize> = (0..ctx)
             .map(|p| table[p / block_size].0 as usize * block_size + p % block_size)
             .collect();
-        write_kv(cache.layer_mut(0), &k, &v, te, &slots, te);
+        cache.layer_mut(0).write(&k, &v, te, &slots, te);
+        let stored = |x: Vec<f32>| match dtype {
+            KvDtype::F32 => x,
+            KvDtype::F16 => x.iter().map(|&e| half::f16::from_f32(e).to_f32()).collect(),
+        };
+        let (k, v) = (stored(k), stored(v));
         let q = rand_vec(&mut rng, qlen * heads * hd);
         want.extend(naive_attention(
             params.window,

@@ -6,7 +6,7 @@ use super::generate::{argmax, generate_greedy, ContiguousLayout};
 use super::CpuExecutor;
 use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch};
 use crate::kv::{BlockCopy, BlockId};
-use crate::model::{KvCache, LlamaModel};
+use crate::model::{KvCache, KvDtype, LayerKv, LlamaModel};
 use model_loader::{Architecture, LayerWeights, ModelConfig, ModelWeights, Tensor};
 
 fn config() -> ModelConfig {
@@ -77,7 +77,9 @@ fn executor(num_blocks: usize, num_cpu_blocks: usize, block_size: usize) -> CpuE
 /// Fills every element of a pool with a value unique to (pool tag, layer, K/V, index).
 fn fill(pool: &mut KvCache, tag: f32) {
     for l in 0..pool.geometry().num_layers {
-        let lk = pool.layer_mut(l);
+        let LayerKv::F32(lk) = pool.layer_mut(l) else {
+            panic!("the test model's pools are f32");
+        };
         for (i, v) in lk.k.iter_mut().enumerate() {
             *v = tag + (l * 1_000_000 + i) as f32;
         }
@@ -92,8 +94,9 @@ fn block(pool: &KvCache, b: usize) -> Vec<f32> {
     let e = pool.geometry().block_elems();
     let mut out = Vec::new();
     for l in 0..pool.geometry().num_layers {
-        out.extend_from_slice(&pool.layer(l).k[b * e..(b + 1) * e]);
-        out.extend_from_slice(&pool.layer(l).v[b * e..(b + 1) * e]);
+        let (k, v) = pool.layer(l).read(b * e..(b + 1) * e);
+        out.extend(k);
+        out.extend(v);
     }
     out
 }
@@ -181,11 +184,16 @@ fn memory_budget_sizes_pools_in_whole_blocks() {
     let model = LlamaModel::new(c.clone(), weights(&c)).expect("model");
     // 2 (K,V) * 3 layers * 4 tokens * 2 heads * 8 dims * 4 bytes.
     let per = 2 * 3 * 4 * 2 * 8 * 4;
-    assert_eq!(CpuExecutor::bytes_per_block(&model, 4), per);
-    let ex = CpuExecutor::with_memory_budget(model, per * 10 + per / 2, per * 3, 4).expect("ex");
+    assert_eq!(CpuExecutor::bytes_per_block(&model, 4, KvDtype::F32), per);
+    assert_eq!(
+        CpuExecutor::bytes_per_block(&model, 4, KvDtype::F16),
+        per / 2
+    );
+    let ex = CpuExecutor::with_memory_budget(model, per * 10 + per / 2, per * 3, 4, KvDtype::F32)
+        .expect("ex");
     assert_eq!(ex.num_blocks(), (10, 3));
     let model = LlamaModel::new(c.clone(), weights(&c)).expect("model");
-    assert!(CpuExecutor::with_memory_budget(model, per - 1, 0, 4).is_err());
+    assert!(CpuExecutor::with_memory_budget(model, per - 1, 0, 4, KvDtype::F32).is_err());
 }
 
 #[test]

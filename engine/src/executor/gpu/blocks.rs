@@ -49,7 +49,7 @@ pub struct KvPools {
 impl KvPools {
     /// Bytes of one block across all layers, K and V, in `dtype`.
     pub fn bytes_per_block(g: &KvGeometry, dtype: DType) -> usize {
-        2 * g.num_layers * g.block_elems() * dtype.size()
+        g.bytes_per_block(dtype.size())
     }
 
     /// Allocates both pools (zeroed) and the per-layer address tables.

@@ -7,7 +7,7 @@ use super::{DType, EmuDevice, GpuError, GpuExecutor, GpuOptions, KvSizing};
 use crate::executor::{BlockOps, CpuExecutor, ExecError, Executor, ForwardBatch, SeqSpan};
 use crate::kv::{BlockCopy, BlockId};
 use crate::model::test_util::{random_weights, tiny_config};
-use crate::model::LlamaModel;
+use crate::model::{Kv, LayerKv, LlamaModel};
 use model_loader::ModelConfig;
 
 mod graphs;
@@ -113,12 +113,20 @@ fn step(
     (diff, scale)
 }
 
+/// The K/V of a CPU pool layer (the f32 test models keep f32 pools).
+fn f32_kv(layer: &LayerKv) -> &Kv<f32> {
+    match layer {
+        LayerKv::F32(kv) => kv,
+        LayerKv::F16(_) => panic!("f32 model, f32 pool"),
+    }
+}
+
 /// Every block of the device pool (and the swap pool) equals the CPU's.
 fn pools_equal(cpu: &CpuExecutor, gpu: &mut GpuExecutor<EmuDevice>, tol: f32, blocks: &[usize]) {
     for &b in blocks {
         let got = gpu.read_block(b, false).expect("read block");
         for (i, part) in got.iter().enumerate() {
-            let lk = cpu.device_pool().layer(i / 2);
+            let lk = f32_kv(cpu.device_pool().layer(i / 2));
             let src = if i % 2 == 0 { &lk.k } else { &lk.v };
             let e = cpu.device_pool().geometry().block_elems();
             let want = &src[b * e..(b + 1) * e];
@@ -325,7 +333,9 @@ fn fill_both(
         for kv in 0..2 {
             for b in 0..blocks {
                 let vals: Vec<f32> = (0..e).map(|i| value(l, kv, b, i)).collect();
-                let lk = cpu.device_pool_mut().layer_mut(l);
+                let LayerKv::F32(lk) = cpu.device_pool_mut().layer_mut(l) else {
+                    panic!("f32 model, f32 pool");
+                };
                 let dst = if kv == 0 { &mut lk.k } else { &mut lk.v };
                 dst[b * e..(b + 1) * e].copy_from_slice(&vals);
                 gpu.write_block(l, kv, b, &vals).expect("write block");
@@ -360,14 +370,14 @@ fn block_operations_move_the_same_bytes_as_on_the_cpu() {
         let got = gpu.read_block(b, true).expect("host block");
         let e = cpu.cpu_pool().geometry().block_elems();
         for (i, part) in got.iter().enumerate() {
-            let lk = cpu.cpu_pool().layer(i / 2);
+            let lk = f32_kv(cpu.cpu_pool().layer(i / 2));
             let src = if i % 2 == 0 { &lk.k } else { &lk.v };
             assert_eq!(part.as_slice(), &src[b * e..(b + 1) * e], "host block {b}");
         }
     }
     // Swapped in where copied: 7 holds what 1 held, 9 and 11 what 3 held.
     let seven = gpu.read_block(7, false).expect("block");
-    let one_on_cpu = &cpu.device_pool().layer(0).k;
+    let one_on_cpu = &f32_kv(cpu.device_pool().layer(0)).k;
     let e = cpu.device_pool().geometry().block_elems();
     assert_eq!(seven[0].as_slice(), &one_on_cpu[7 * e..8 * e]);
     assert_eq!(seven[0][0], 10.0, "block 7 should hold block 1's keys");
