@@ -221,3 +221,24 @@ fn enforce_eager_reaches_the_executor_request() {
         "CUDA graphs are on by default"
     );
 }
+
+#[test]
+fn kv_cache_dtype_reaches_the_executor_request() {
+    use engine::engine_loop::HandleConfig;
+    use engine::model::KvDtype;
+    let want = [
+        (None, None),
+        (Some("auto"), None),
+        (Some("float16"), Some(KvDtype::F16)),
+        (Some("fp16"), Some(KvDtype::F16)),
+        (Some("float32"), Some(KvDtype::F32)),
+    ];
+    for (arg, kv) in want {
+        let argv: Vec<&str> = arg.map_or(vec![], |a| vec!["--kv-cache-dtype", a]);
+        let cli = parse(&argv).expect("parses");
+        let opts = crate::app::engine_options(&cli.serve.engine, 2048, HandleConfig::default());
+        assert_eq!(opts.executor.kv_cache_dtype, kv, "{arg:?}");
+    }
+    let e = parse(&["--kv-cache-dtype", "fp8"]).err().expect("refused");
+    assert!(e.to_string().contains("kv-cache-dtype"), "{e}");
+}
