@@ -11,10 +11,15 @@
 //! blocks before the window stay allocated, they are only masked). Query
 //! head `h` reads KV head `h / (num_heads / num_kv_heads)` (GQA).
 //!
-//! Work is split over (sequence, query head, chunk of `QUERY_CHUNK` query
-//! tokens) tasks on the [`par`] pool; each task writes a disjoint part of the output.
-//! Cost per query: O(p x head_dim) flops and O(p) scratch (thread-local,
-//! reused). Softmax is the max-subtracted form with f32 accumulation.
+//! Work is split over (sequence, group of query heads sharing one KV head,
+//! chunk of `QUERY_CHUNK` query tokens) tasks on the [`par`] pool; each
+//! task writes a disjoint part of the output. A group holds up to
+//! [`attn_rows::MAX_HEADS`] heads, fewer when a batch would otherwise give
+//! the pool too few tasks (batch 1 on a model with one KV head). Its heads
+//! read each key and value once (`attn_rows`).
+//! Cost per query: O(p x head_dim) flops per head and O(p) scratch per
+//! head (thread-local, reused). Softmax is the max-subtracted form with f32
+//! accumulation.
 
 use super::attn_rows;
 use super::kv_cache::{Kv, KvElem, KvGeometry, LayerKv};
@@ -32,29 +37,48 @@ pub struct AttnTask {
     seq: usize,
     /// Row of the sequence's first token in the batch.
     first_row: usize,
+    /// First query head; the task's heads are `head..head + heads`, all
+    /// reading one KV head.
     head: usize,
+    heads: usize,
     /// Query range inside the sequence.
     q_begin: usize,
     q_end: usize,
 }
 
-/// The task list for a batch; built once per forward pass, used by every layer.
-pub fn plan(seqs: &[SeqSpan], num_heads: usize) -> Vec<AttnTask> {
+/// The task list for a batch; built once per forward pass, used by every
+/// layer. `num_heads` must be a multiple of `num_kv_heads` (checked at
+/// model load).
+pub fn plan(seqs: &[SeqSpan], num_heads: usize, num_kv_heads: usize) -> Vec<AttnTask> {
+    let group = num_heads / num_kv_heads.max(1);
+    let chunks: usize = seqs.iter().map(|s| s.query_len.div_ceil(QUERY_CHUNK)).sum();
+    // Heads per task: the whole group up to MAX_HEADS, halved while the
+    // pool would get fewer than two tasks per thread.
+    let mut per = group.clamp(1, attn_rows::MAX_HEADS);
+    let want = 2 * par::threads();
+    while per > 1 && chunks * num_kv_heads * group.div_ceil(per) < want {
+        per = per.div_ceil(2);
+    }
     let mut tasks = Vec::new();
     let mut first_row = 0;
     for (seq, span) in seqs.iter().enumerate() {
-        for head in 0..num_heads {
-            let mut q = 0;
-            while q < span.query_len {
-                let q_end = (q + QUERY_CHUNK).min(span.query_len);
-                tasks.push(AttnTask {
-                    seq,
-                    first_row,
-                    head,
-                    q_begin: q,
-                    q_end,
-                });
-                q = q_end;
+        for kv in 0..num_kv_heads {
+            let group_end = (kv + 1) * group;
+            for head in (kv * group..group_end).step_by(per) {
+                let heads = per.min(group_end - head);
+                let mut q = 0;
+                while q < span.query_len {
+                    let q_end = (q + QUERY_CHUNK).min(span.query_len);
+                    tasks.push(AttnTask {
+                        seq,
+                        first_row,
+                        head,
+                        heads,
+                        q_begin: q,
+                        q_end,
+                    });
+                    q = q_end;
+                }
             }
         }
         first_row += span.query_len;
@@ -64,8 +88,8 @@ pub fn plan(seqs: &[SeqSpan], num_heads: usize) -> Vec<AttnTask> {
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: each task writes only the `head_dim` elements of (row, head) pairs
-// it owns; tasks own disjoint pairs (see `plan`).
+// SAFETY: each task writes only the `head_dim` elements of the (row, head)
+// pairs it owns; tasks own disjoint pairs (see `plan`).
 unsafe impl Send for OutPtr {}
 // SAFETY: as above; the pointer value itself is only read concurrently.
 unsafe impl Sync for OutPtr {}
@@ -202,25 +226,31 @@ fn attend_task<E: KvElem>(
         te,
         head_off: kv_head * hd,
     };
+    let width = task.heads * hd;
     for i in task.q_begin..task.q_end {
         let row = task.first_row + i;
         let n_keys = past + i + 1;
         let first = params.window.map_or(0, |w| n_keys.saturating_sub(w));
-        let qv = &q[row * q_stride + task.head * hd..][..hd];
+        let qv = &q[row * q_stride + task.head * hd..][..width];
         let RowScratch { addrs, scores } = scratch;
         addrs.clear();
         keys.each(first, n_keys, |_, at| addrs.push(at));
-        scores.resize(addrs.len(), 0.0);
-        attn_rows::scores(qv, &layer.k, addrs, params.scale, scores);
-        softmax_in_place(scores);
-        // SAFETY: (row, task.head) is owned by this task alone (tasks are
-        // disjoint in (sequence row, head)); the range lies inside `out`
-        // (asserted in `paged_attention`), which is exclusively borrowed
-        // for the duration of the parallel section.
+        scores.resize(task.heads * addrs.len(), 0.0);
+        attn_rows::scores(qv, hd, &layer.k, addrs, params.scale, scores);
+        for head_scores in scores.chunks_exact_mut(addrs.len().max(1)) {
+            softmax_in_place(head_scores);
+        }
+        // SAFETY: (row, task.head..task.head + task.heads) is owned by this
+        // task alone (tasks are disjoint in (sequence row, head)); the
+        // range lies inside `out` (asserted in `paged_attention`), which is
+        // exclusively borrowed for the duration of the parallel section.
         let o = unsafe {
-            std::slice::from_raw_parts_mut(out_ptr.get().add(row * out_stride + task.head * hd), hd)
+            std::slice::from_raw_parts_mut(
+                out_ptr.get().add(row * out_stride + task.head * hd),
+                width,
+            )
         };
-        attn_rows::weighted_sum(scores, &layer.v, addrs, o);
+        attn_rows::weighted_sum(scores, &layer.v, addrs, hd, o);
     }
 }
 

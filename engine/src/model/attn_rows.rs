@@ -1,22 +1,32 @@
-//! The two inner loops of CPU attention for one query row: the scores of
-//! a list of keys and the probability-weighted sum of their values, keys
-//! and values addressed by pool offsets (the paged layout), in the pool's
-//! element type ([`KvElem`]: f32, or f16 widened to f32 as it is loaded,
-//! eight values per `vcvtph2ps`).
+//! The two inner loops of CPU attention for one query row and a group of
+//! query heads that share one KV head (GQA): the scores of a list of keys
+//! and the probability-weighted sums of their values, keys and values
+//! addressed by pool offsets (the paged layout), in the pool's element type
+//! ([`KvElem`]: f32, or f16 widened to f32 as it is loaded, eight values
+//! per `vcvtph2ps`).
 //!
-//! With AVX2 + FMA + F16C (the workspace's `x86-64-v3` baseline) the scores run
-//! four keys at a time (one load of each query vector feeds four FMA
-//! chains, and the four sums are reduced together by three `vhaddps`
-//! instead of one horizontal sum per key), and the weighted sum keeps up to
-//! 64 output values in registers across all keys (per key: one broadcast,
+//! Why groups: each key and value is loaded (and, for f16, converted) once
+//! for all the heads that read it instead of once per head, so the
+//! conversions and loads per multiply-add shrink by the group size (3 for
+//! SmolLM2's 9 heads over 3 KV heads).
+//!
+//! With AVX2 + FMA + F16C (the workspace's `x86-64-v3` baseline) the scores
+//! run two keys at a time for up to [`MAX_HEADS`] heads (each loaded key
+//! vector feeds one FMA chain per head; the head sums are reduced four at
+//! a time by three `vhaddps`), and the weighted sums keep up to 64 output
+//! values in registers across all keys (per key and head one broadcast,
 //! then one FMA per 8 values; no load or store of the output). The
 //! portable forms are the reference and the fallback.
 //!
-//! Invariants: every address plus the head size lies inside the pool
-//! slice (asserted once per call). The weighted sum adds the keys in order
-//! with one FMA per value, so its bits equal the portable form's; the
-//! scores sum each key's products in a different order (rounding only).
-//! Cost: O(n hd) per call, no allocation.
+//! Shapes: `H` heads of `hd` values; queries and outputs are `[H, hd]`
+//! (consecutive heads of a token row are contiguous), scores and
+//! probabilities `[H, n]` for `n` keys.
+//!
+//! Invariants: every address plus `hd` lies inside the pool slice
+//! (asserted once per call). The weighted sums add the keys in order with
+//! one FMA per value, so their bits equal the portable form's; the scores
+//! sum each key's products in a different order (rounding only).
+//! Cost: O(H n hd) per call, no allocation.
 
 #[cfg(all(
     target_arch = "x86_64",
@@ -28,15 +38,24 @@ use std::arch::x86_64::*;
 
 use super::kv_cache::KvElem;
 
-/// `out[i] = scale * (q . pool[addrs[i]..][..q.len()])`.
+/// Most heads one call of the vector kernels serves (callers split larger
+/// groups).
+pub const MAX_HEADS: usize = 4;
+
+/// `out[h * n + i] = scale * (q[h] . pool[addrs[i]..][..hd])` for the
+/// `H = q.len() / hd` heads of `q` (`[H, hd]`), `n = addrs.len()`.
 ///
-/// Panics if `out` is shorter than `addrs` or an address runs past `pool`.
-pub fn scores<E: KvElem>(q: &[f32], pool: &[E], addrs: &[usize], scale: f32, out: &mut [f32]) {
-    let hd = q.len();
-    assert!(
-        out.len() >= addrs.len() && addrs.iter().all(|&a| a + hd <= pool.len()),
-        "scores: shapes"
-    );
+/// Panics unless `1 <= H <= MAX_HEADS`, `q.len() == H hd`, `out` holds
+/// `H n` values and every address plus `hd` lies in `pool`.
+pub fn scores<E: KvElem>(
+    q: &[f32],
+    hd: usize,
+    pool: &[E],
+    addrs: &[usize],
+    scale: f32,
+    out: &mut [f32],
+) {
+    let (heads, n) = check(q.len(), hd, pool.len(), addrs, out.len());
     let mut done = 0;
     #[cfg(all(
         target_arch = "x86_64",
@@ -45,25 +64,32 @@ pub fn scores<E: KvElem>(q: &[f32], pool: &[E], addrs: &[usize], scale: f32, out
         target_feature = "f16c"
     ))]
     if hd.is_multiple_of(8) {
-        // SAFETY: AVX2, FMA and F16C are enabled at compile time (the cfg); every
-        // address is checked against the pool above and `out` is long
-        // enough.
-        done = unsafe { scores4(q, pool, addrs, scale, out) };
+        // SAFETY: AVX2, FMA and F16C are enabled at compile time (the
+        // cfg); the shapes and every address are checked above.
+        done = unsafe {
+            match heads {
+                1 => scores2::<E, 1>(q, hd, pool, addrs, scale, out),
+                2 => scores2::<E, 2>(q, hd, pool, addrs, scale, out),
+                3 => scores2::<E, 3>(q, hd, pool, addrs, scale, out),
+                _ => scores2::<E, 4>(q, hd, pool, addrs, scale, out),
+            }
+        };
     }
-    for (o, &a) in out[done..].iter_mut().zip(&addrs[done..]) {
-        *o = E::dot(q, &pool[a..a + hd]) * scale;
+    for (h, qh) in q.chunks_exact(hd).enumerate() {
+        for i in done..n {
+            let a = addrs[i];
+            out[h * n + i] = E::dot(qh, &pool[a..a + hd]) * scale;
+        }
     }
 }
 
-/// `o = sum_i p[i] * pool[addrs[i]..][..o.len()]`, keys in order.
+/// `o[h] = sum_i p[h * n + i] * pool[addrs[i]..][..hd]`, keys in order, for
+/// the `H = o.len() / hd` heads of `o` (`[H, hd]`), `n = addrs.len()`.
 ///
-/// Panics if `p` is shorter than `addrs` or an address runs past `pool`.
-pub fn weighted_sum<E: KvElem>(p: &[f32], pool: &[E], addrs: &[usize], o: &mut [f32]) {
-    let hd = o.len();
-    assert!(
-        p.len() >= addrs.len() && addrs.iter().all(|&a| a + hd <= pool.len()),
-        "weighted_sum: shapes"
-    );
+/// Panics unless `1 <= H <= MAX_HEADS`, `o.len() == H hd`, `p` holds
+/// `H n` values and every address plus `hd` lies in `pool`.
+pub fn weighted_sum<E: KvElem>(p: &[f32], pool: &[E], addrs: &[usize], hd: usize, o: &mut [f32]) {
+    let (heads, _) = check(o.len(), hd, pool.len(), addrs, p.len());
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",
@@ -71,119 +97,224 @@ pub fn weighted_sum<E: KvElem>(p: &[f32], pool: &[E], addrs: &[usize], o: &mut [
         target_feature = "f16c"
     ))]
     if hd.is_multiple_of(8) {
-        for c0 in (0..hd).step_by(64) {
-            // SAFETY: AVX2, FMA and F16C are enabled at compile time; the chunk
-            // c0..c0 + 8 n lies inside `o` and inside each checked key.
-            unsafe {
-                match (hd - c0).min(64) / 8 {
-                    8 => sum_chunk::<E, 8>(p, pool, addrs, c0, o),
-                    7 => sum_chunk::<E, 7>(p, pool, addrs, c0, o),
-                    6 => sum_chunk::<E, 6>(p, pool, addrs, c0, o),
-                    5 => sum_chunk::<E, 5>(p, pool, addrs, c0, o),
-                    4 => sum_chunk::<E, 4>(p, pool, addrs, c0, o),
-                    3 => sum_chunk::<E, 3>(p, pool, addrs, c0, o),
-                    2 => sum_chunk::<E, 2>(p, pool, addrs, c0, o),
-                    _ => sum_chunk::<E, 1>(p, pool, addrs, c0, o),
-                }
+        // SAFETY: AVX2, FMA and F16C are enabled at compile time; the
+        // shapes and every address are checked above.
+        unsafe {
+            match heads {
+                1 => sum_heads::<E, 1, 8>(p, pool, addrs, hd, o),
+                2 => sum_heads::<E, 2, 4>(p, pool, addrs, hd, o),
+                3 => sum_heads::<E, 3, 2>(p, pool, addrs, hd, o),
+                _ => sum_heads::<E, 4, 2>(p, pool, addrs, hd, o),
             }
         }
         return;
     }
-    weighted_sum_portable(p, pool, addrs, o);
+    weighted_sum_portable(p, pool, addrs, hd, o);
 }
 
 /// The portable [`weighted_sum`] (one FMA per value, keys in order).
-pub fn weighted_sum_portable<E: KvElem>(p: &[f32], pool: &[E], addrs: &[usize], o: &mut [f32]) {
-    let hd = o.len();
+pub fn weighted_sum_portable<E: KvElem>(
+    p: &[f32],
+    pool: &[E],
+    addrs: &[usize],
+    hd: usize,
+    o: &mut [f32],
+) {
+    let n = addrs.len();
     o.fill(0.0);
-    for (&pj, &a) in p.iter().zip(addrs) {
-        for (ov, v) in o.iter_mut().zip(&pool[a..a + hd]) {
-            *ov = v.to_f32().mul_add(pj, *ov);
+    for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
+        for (&pj, &a) in p[h * n..(h + 1) * n].iter().zip(addrs) {
+            for (ov, v) in oh.iter_mut().zip(&pool[a..a + hd]) {
+                *ov = v.to_f32().mul_add(pj, *ov);
+            }
         }
     }
 }
 
-/// The scores of the first `4 * (addrs.len() / 4)` keys; returns that
-/// count.
+/// Checks the shapes shared by both loops; returns (heads, keys).
+fn check(
+    per_head_len: usize,
+    hd: usize,
+    pool_len: usize,
+    addrs: &[usize],
+    per_key_len: usize,
+) -> (usize, usize) {
+    let heads = per_head_len / hd.max(1);
+    let n = addrs.len();
+    assert!(
+        hd > 0
+            && (1..=MAX_HEADS).contains(&heads)
+            && heads * hd == per_head_len
+            && per_key_len == heads * n
+            && addrs.iter().all(|&a| a + hd <= pool_len),
+        "attention rows: shapes"
+    );
+    (heads, n)
+}
+
+/// `[a b c d]`: the horizontal sums of four vectors.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `q.len()` a multiple of 8; every `addrs[i] + q.len() <=
-/// pool.len()`; `out.len() >= addrs.len()`.
+/// AVX (enabled at compile time under the callers' cfg).
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
     target_feature = "fma",
     target_feature = "f16c"
 ))]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn scores4<E: KvElem>(
+#[inline(always)]
+unsafe fn hsum4(v: [__m256; 4]) -> __m128 {
+    // SAFETY: register-only AVX operations; AVX is enabled (the cfg).
+    unsafe {
+        // [a0 a1 a2 a3] per 128-bit half, then the halves added.
+        let h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+        _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
+    }
+}
+
+/// The scores of `H` heads for the first `2 * (n / 2)` keys; returns that
+/// count.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `hd` a multiple of 8; `q.len() == H hd`;
+/// `out.len() == H n`; every `addrs[i] + hd <= pool.len()`.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores2<E: KvElem, const H: usize>(
     q: &[f32],
+    hd: usize,
     pool: &[E],
     addrs: &[usize],
     scale: f32,
     out: &mut [f32],
 ) -> usize {
-    let (qp, pp, hd) = (q.as_ptr(), pool.as_ptr(), q.len());
-    let sc = _mm_set1_ps(scale);
-    let whole = addrs.len() / 4 * 4;
-    for (i, a4) in addrs[..whole].chunks_exact(4).enumerate() {
-        // SAFETY: the caller's contract: each key's hd values lie in the
-        // pool, d + 8 <= hd, and 4 i + 4 <= whole <= out.len().
+    let (qp, pp, n) = (q.as_ptr(), pool.as_ptr(), addrs.len());
+    let whole = n / 2 * 2;
+    let zero = _mm256_setzero_ps();
+    for i in (0..whole).step_by(2) {
+        // SAFETY: the caller's contract: keys i and i + 1 hold hd values
+        // in the pool, q holds H rows of hd, d + 8 <= hd, and h n + i + 1
+        // < H n = out.len().
         unsafe {
-            let k: [*const E; 4] = std::array::from_fn(|j| pp.add(a4[j]));
-            let mut acc = [_mm256_setzero_ps(); 4];
+            let k = [pp.add(addrs[i]), pp.add(addrs[i + 1])];
+            let mut acc = [[zero; H]; 2];
             for d in (0..hd).step_by(8) {
-                let qd = _mm256_loadu_ps(qp.add(d));
-                for j in 0..4 {
-                    acc[j] = _mm256_fmadd_ps(qd, E::load8(k[j].add(d)), acc[j]);
+                let kv = [E::load8(k[0].add(d)), E::load8(k[1].add(d))];
+                for h in 0..H {
+                    let qd = _mm256_loadu_ps(qp.add(h * hd + d));
+                    acc[0][h] = _mm256_fmadd_ps(qd, kv[0], acc[0][h]);
+                    acc[1][h] = _mm256_fmadd_ps(qd, kv[1], acc[1][h]);
                 }
             }
-            // [a0 a1 a2 a3] per 128-bit half, then the halves added.
-            let h = _mm256_hadd_ps(
-                _mm256_hadd_ps(acc[0], acc[1]),
-                _mm256_hadd_ps(acc[2], acc[3]),
+            // (head, key) sums four at a time: [h0k0 h0k1 h1k0 h1k1] ...
+            let mut flat = [zero; 8];
+            for h in 0..H {
+                flat[2 * h] = acc[0][h];
+                flat[2 * h + 1] = acc[1][h];
+            }
+            let mut sums = [0f32; 8];
+            let sc = _mm_set1_ps(scale);
+            _mm_storeu_ps(
+                sums.as_mut_ptr(),
+                _mm_mul_ps(hsum4([flat[0], flat[1], flat[2], flat[3]]), sc),
             );
-            let s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
-            _mm_storeu_ps(out.as_mut_ptr().add(4 * i), _mm_mul_ps(s, sc));
+            if H > 2 {
+                _mm_storeu_ps(
+                    sums.as_mut_ptr().add(4),
+                    _mm_mul_ps(hsum4([flat[4], flat[5], flat[6], flat[7]]), sc),
+                );
+            }
+            for h in 0..H {
+                *out.get_unchecked_mut(h * n + i) = sums[2 * h];
+                *out.get_unchecked_mut(h * n + i + 1) = sums[2 * h + 1];
+            }
         }
     }
     whole
 }
 
-/// Values `c0..c0 + 8 N` of [`weighted_sum`], held in `N` registers.
+/// [`weighted_sum`] for `H` heads, `8 W` values of each head per pass over
+/// the keys (`H W` accumulators in registers), then 8 at a time.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `c0 + 8 N <= o.len()`; every `addrs[i] + o.len() <=
-/// pool.len()`; `p.len() >= addrs.len()`.
+/// AVX2, FMA and F16C; `hd` a multiple of 8; `o.len() == H hd`;
+/// `p.len() == H n`; every `addrs[i] + hd <= pool.len()`.
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
     target_feature = "fma",
     target_feature = "f16c"
 ))]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn sum_chunk<E: KvElem, const N: usize>(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sum_heads<E: KvElem, const H: usize, const W: usize>(
     p: &[f32],
     pool: &[E],
     addrs: &[usize],
+    hd: usize,
+    o: &mut [f32],
+) {
+    let mut c0 = 0;
+    while c0 + 8 * W <= hd {
+        // SAFETY: c0 + 8 W <= hd; the rest is the caller's contract.
+        unsafe { sum_chunk::<E, H, W>(p, pool, addrs, hd, c0, o) };
+        c0 += 8 * W;
+    }
+    while c0 < hd {
+        // SAFETY: c0 + 8 <= hd (hd is a multiple of 8).
+        unsafe { sum_chunk::<E, H, 1>(p, pool, addrs, hd, c0, o) };
+        c0 += 8;
+    }
+}
+
+/// Values `c0..c0 + 8 W` of each of the `H` heads' weighted sums.
+///
+/// # Safety
+/// As [`sum_heads`], and `c0 + 8 W <= hd`.
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma",
+    target_feature = "f16c"
+))]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn sum_chunk<E: KvElem, const H: usize, const W: usize>(
+    p: &[f32],
+    pool: &[E],
+    addrs: &[usize],
+    hd: usize,
     c0: usize,
     o: &mut [f32],
 ) {
-    let mut acc = [_mm256_setzero_ps(); N];
-    for (&pj, &a) in p.iter().zip(addrs) {
-        // SAFETY: the caller's contract: a + c0 + 8 N <= a + hd <= pool.len().
+    let n = addrs.len();
+    let mut acc = [[_mm256_setzero_ps(); W]; H];
+    for (j, &a) in addrs.iter().enumerate() {
+        // SAFETY: the caller's contract: a + c0 + 8 W <= a + hd <=
+        // pool.len(), and h n + j < H n = p.len().
         unsafe {
-            let w = _mm256_set1_ps(pj);
             let v = pool.as_ptr().add(a + c0);
-            for (i, r) in acc.iter_mut().enumerate() {
-                *r = _mm256_fmadd_ps(E::load8(v.add(8 * i)), w, *r);
+            let mut vals = [_mm256_setzero_ps(); W];
+            for (w, x) in vals.iter_mut().enumerate() {
+                *x = E::load8(v.add(8 * w));
+            }
+            for h in 0..H {
+                let pj = _mm256_set1_ps(*p.get_unchecked(h * n + j));
+                for w in 0..W {
+                    acc[h][w] = _mm256_fmadd_ps(vals[w], pj, acc[h][w]);
+                }
             }
         }
     }
-    for (i, r) in acc.iter().enumerate() {
-        // SAFETY: c0 + 8 i + 8 <= c0 + 8 N <= o.len().
-        unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c0 + 8 * i), *r) };
+    for h in 0..H {
+        for w in 0..W {
+            // SAFETY: h hd + c0 + 8 w + 8 <= h hd + hd <= H hd = o.len().
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(h * hd + c0 + 8 * w), acc[h][w]) };
+        }
     }
 }
 
@@ -202,38 +333,66 @@ mod tests {
         (pool, addrs)
     }
 
+    const SHAPES: [(usize, usize); 7] = [
+        (64, 9),
+        (8, 4),
+        (24, 7),
+        (256, 13),
+        (12, 5),
+        (64, 0),
+        (72, 3),
+    ];
+
     fn check_scores<E: KvElem>(to_pool: impl Fn(f32) -> E) {
-        for (hd, n) in [(64, 9), (8, 4), (24, 7), (256, 13), (12, 5), (64, 0)] {
-            let (pool, addrs) = pool_and_addrs(hd, n);
-            let pool: Vec<E> = pool.into_iter().map(&to_pool).collect();
-            let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin()).collect();
-            let mut got = vec![f32::NAN; n];
-            scores(&q, &pool, &addrs, 0.125, &mut got);
-            for (i, &a) in addrs.iter().enumerate() {
-                let want: f64 = q
-                    .iter()
-                    .zip(&pool[a..a + hd])
-                    .map(|(x, y)| f64::from(*x) * f64::from(y.to_f32()))
-                    .sum::<f64>()
-                    * 0.125;
-                assert!(
-                    (f64::from(got[i]) - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                    "hd {hd} key {i}: {} vs {want}",
-                    got[i]
-                );
+        for (hd, n) in SHAPES {
+            for heads in 1..=MAX_HEADS {
+                let (pool, addrs) = pool_and_addrs(hd, n);
+                let pool: Vec<E> = pool.into_iter().map(&to_pool).collect();
+                let q: Vec<f32> = (0..heads * hd).map(|i| (i as f32 * 0.37).sin()).collect();
+                let mut got = vec![f32::NAN; heads * n];
+                scores(&q, hd, &pool, &addrs, 0.125, &mut got);
+                for h in 0..heads {
+                    for (i, &a) in addrs.iter().enumerate() {
+                        let want: f64 = q[h * hd..(h + 1) * hd]
+                            .iter()
+                            .zip(&pool[a..a + hd])
+                            .map(|(x, y)| f64::from(*x) * f64::from(y.to_f32()))
+                            .sum::<f64>()
+                            * 0.125;
+                        let g = f64::from(got[h * n + i]);
+                        assert!(
+                            (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "hd {hd} heads {heads} head {h} key {i}: {g} vs {want}"
+                        );
+                    }
+                }
             }
         }
     }
 
     fn check_weighted_sum<E: KvElem>(to_pool: impl Fn(f32) -> E) {
-        for (hd, n) in [(64, 9), (8, 1), (24, 7), (256, 13), (12, 5), (72, 3)] {
-            let (pool, addrs) = pool_and_addrs(hd, n);
-            let pool: Vec<E> = pool.into_iter().map(&to_pool).collect();
-            let p: Vec<f32> = (0..n).map(|j| 1.0 / (j as f32 + 2.0)).collect();
-            let (mut fast, mut slow) = (vec![f32::NAN; hd], vec![f32::NAN; hd]);
-            weighted_sum(&p, &pool, &addrs, &mut fast);
-            weighted_sum_portable(&p, &pool, &addrs, &mut slow);
-            assert_eq!(fast, slow, "hd {hd}");
+        for (hd, n) in SHAPES {
+            for heads in 1..=MAX_HEADS {
+                let (pool, addrs) = pool_and_addrs(hd, n);
+                let pool: Vec<E> = pool.into_iter().map(&to_pool).collect();
+                let p: Vec<f32> = (0..heads * n).map(|j| 1.0 / (j as f32 + 2.0)).collect();
+                let (mut fast, mut slow) = (vec![f32::NAN; heads * hd], vec![0.0; heads * hd]);
+                weighted_sum(&p, &pool, &addrs, hd, &mut fast);
+                weighted_sum_portable(&p, &pool, &addrs, hd, &mut slow);
+                assert_eq!(fast, slow, "hd {hd} heads {heads}");
+                // And the portable form is the plain per-head sum.
+                for h in 0..heads {
+                    for c in 0..hd {
+                        let want: f64 = addrs
+                            .iter()
+                            .enumerate()
+                            .map(|(j, &a)| f64::from(p[h * n + j]) * f64::from(pool[a + c].to_f32()))
+                            .sum();
+                        let g = f64::from(slow[h * hd + c]);
+                        assert!((g - want).abs() <= 1e-5 * (1.0 + want.abs()), "{g} vs {want}");
+                    }
+                }
+            }
         }
     }
 
@@ -244,8 +403,17 @@ mod tests {
     }
 
     #[test]
-    fn weighted_sum_equals_the_portable_form_bit_for_bit() {
+    fn weighted_sums_equal_the_portable_form_bit_for_bit() {
         check_weighted_sum(|x| x);
         check_weighted_sum(f16::from_f32);
+    }
+
+    #[test]
+    #[should_panic(expected = "shapes")]
+    fn more_heads_than_a_call_serves_is_refused() {
+        let (pool, addrs) = pool_and_addrs(8, 2);
+        let q = vec![0.0; 8 * (MAX_HEADS + 1)];
+        let mut out = vec![0.0; 2 * (MAX_HEADS + 1)];
+        scores(&q, 8, &pool, &addrs, 1.0, &mut out);
     }
 }

@@ -414,7 +414,7 @@ impl LlamaModel {
         let mut attn = vec![0.0f32; n * qd];
         let mut gu = vec![0.0f32; n * 2 * inter];
         let mut act = vec![0.0f32; n * inter];
-        let tasks = plan(&batch.seqs, nh);
+        let tasks = plan(&batch.seqs, nh, c.num_key_value_heads);
 
         for (li, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.attn_norm, c.rms_norm_eps, &mut hbuf);

@@ -232,7 +232,7 @@ fn check_paged_attention_with(
     params: AttnParams,
 ) {
     for dtype in [KvDtype::F32, KvDtype::F16] {
-        check_paged_attention_in(shapes, block_size, seed, params, dtype);
+        check_paged_attention_in(shapes, block_size, seed, params, dtype, (6, 2));
     }
 }
 
@@ -242,9 +242,10 @@ fn check_paged_attention_in(
     seed: u64,
     params: AttnParams,
     dtype: KvDtype,
+    (heads, kvh): (usize, usize),
 ) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let (heads, kvh, hd) = (6, 2, 16);
+    let hd = 16;
     let te = kvh * hd;
     let need: usize = shapes.iter().map(|(_, c)| c.div_ceil(block_size)).sum();
     let geom = KvGeometry {
@@ -298,7 +299,7 @@ fn check_paged_attention_in(
     }
     let rows: usize = shapes.iter().map(|s| s.0).sum();
     let mut out = vec![f32::NAN; rows * heads * hd];
-    let tasks = plan(&seqs, heads);
+    let tasks = plan(&seqs, heads, kvh);
     paged_attention(
         params,
         &q_all,
@@ -325,6 +326,25 @@ fn paged_attention_at_block_boundaries() {
     // Context exactly a whole number of blocks, and one past it.
     check_paged_attention(&[(1, 16), (16, 16), (1, 17), (2, 32)], 16, 12);
     check_paged_attention(&[(1, 1), (4, 8)], 1, 13);
+}
+
+#[test]
+fn head_groups_of_every_size_split_across_tasks() {
+    // GQA groups of 1 (no sharing), 5 and 8 heads (more than one call of
+    // the row kernels serves), one KV head; a single decode row makes
+    // `plan` split the group into smaller tasks to feed the pool.
+    for (heads, kvh) in [(4, 4), (5, 1), (8, 1), (8, 2)] {
+        for shapes in [&[(1, 30)][..], &[(6, 6), (1, 19)][..]] {
+            check_paged_attention_in(
+                shapes,
+                4,
+                30,
+                AttnParams::causal(16),
+                KvDtype::F16,
+                (heads, kvh),
+            );
+        }
+    }
 }
 
 #[test]
