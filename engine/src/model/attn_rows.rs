@@ -386,10 +386,15 @@ mod tests {
                         let want: f64 = addrs
                             .iter()
                             .enumerate()
-                            .map(|(j, &a)| f64::from(p[h * n + j]) * f64::from(pool[a + c].to_f32()))
+                            .map(|(j, &a)| {
+                                f64::from(p[h * n + j]) * f64::from(pool[a + c].to_f32())
+                            })
                             .sum();
                         let g = f64::from(slow[h * hd + c]);
-                        assert!((g - want).abs() <= 1e-5 * (1.0 + want.abs()), "{g} vs {want}");
+                        assert!(
+                            (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{g} vs {want}"
+                        );
                     }
                 }
             }

@@ -20,7 +20,10 @@
 //! Rows past the last whole group stay with the row-major kernels.
 //!
 //! Weights: the decoded [`Tile`] widened to i16 ([`Tile::widen`]), the
-//! signed types' 128 taken out there, so no correction term is needed.
+//! level offset taken out there for every type without a minimum (the
+//! signed types' 128, `Q4_0`'s 8, `Q5_0`'s 16, ...), so their products need
+//! no offset term at all; the types with a minimum keep it in `bb` (one
+//! FMA per row, group and 16 values).
 //!
 //! Invariants: `k` is a multiple of 32; lane sums stay below 2^31 (32
 //! products of at most 128 x 32639 each per 32-block: 1.4e8); they are
@@ -130,7 +133,7 @@ pub fn dot_groups(tile: &Tile, la: &LaneActs, g0: usize, res: &mut [[[f32; NR]; 
                 // SAFETY: the CPU has AVX2 and FMA (checked just above);
                 // the shapes are asserted above.
                 unsafe {
-                    match (half_scales(tile.ty()), tile.has_offset) {
+                    match (half_scales(tile.ty()), tile.w16_offset) {
                         (false, false) => x86::groups::<$g, false, false>(tile, la, g0, res),
                         (false, true) => x86::groups::<$g, false, true>(tile, la, g0, res),
                         (true, false) => x86::groups::<$g, true, false>(tile, la, g0, res),
@@ -176,7 +179,7 @@ pub fn scalar_group(tile: &Tile, la: &LaneActs, g: usize, res: &mut [[f32; NR]; 
                     let a = tile.a8[t * kp / 4 + c * 8 + h * 4];
                     f = (acc as f32).mul_add(d * a, f);
                 }
-                if tile.has_offset {
+                if tile.w16_offset {
                     for h in 2 * c..2 * c + 2 {
                         f = tile.bb[t * gp + h].mul_add(la.s[(g * sixteens + h) * LANES + l], f);
                     }

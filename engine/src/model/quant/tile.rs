@@ -48,9 +48,15 @@ pub struct Tile {
     pub signed: bool,
     /// True when `bb` may be non-zero.
     pub has_offset: bool,
-    /// `[NR, kp]` the levels as i16, the signed types' 128 taken out
-    /// (filled by [`Tile::widen`] for the lane kernel; empty until then).
+    /// `[NR, kp]` the true levels as i16 (filled by [`Tile::widen`] for
+    /// the lane kernel; empty until then): the level offset taken out of
+    /// every type whose offset is only that (the signed types' 128,
+    /// `Q4_0`'s 8, `Q5_0`'s 16, `Q3_K`'s 4, `Q6_K`'s 32), so their dot
+    /// products need no `bb` term.
     pub w16: Vec<i16>,
+    /// True when the products of [`Tile::w16`] still need the `bb` term
+    /// (the types with a per-block minimum).
+    pub w16_offset: bool,
     ty: QuantType,
     off: i16,
     q: Vec<i8>,
@@ -91,6 +97,7 @@ impl Tile {
             signed: off == 128,
             has_offset: (off != 0 && off != 128) || ty.has_offset(),
             w16: Vec::new(),
+            w16_offset: true,
             ty,
             off,
             q: Vec::new(),
@@ -135,11 +142,12 @@ impl Tile {
         self.ty
     }
 
-    /// Fills [`Tile::w16`] from the decoded levels: `u - 128` for the
-    /// signed types (their true levels), `u` otherwise (the offsets stay
-    /// folded in `bb`). O(NR kp).
+    /// Fills [`Tile::w16`] from the decoded levels: `u - off` (the true
+    /// levels `q`, so `w = a q`) for the types without a minimum, `u` for
+    /// the others (their offsets stay folded in `bb`). O(NR kp).
     pub fn widen(&mut self) {
-        let off = if self.signed { 128 } else { 0 };
+        self.w16_offset = self.ty.has_offset();
+        let off = if self.w16_offset { 0 } else { self.off };
         self.w16.resize(self.u.len(), 0);
         for (o, &u) in self.w16.iter_mut().zip(&self.u) {
             *o = i16::from(u) - off;
