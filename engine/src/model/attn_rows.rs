@@ -185,6 +185,7 @@ unsafe fn hsum4(v: [__m256; 4]) -> __m128 {
     target_feature = "f16c"
 ))]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // register blocks indexed by constant-trip loops
 unsafe fn scores2<E: KvElem, const H: usize>(
     q: &[f32],
     hd: usize,
@@ -283,6 +284,7 @@ unsafe fn sum_heads<E: KvElem, const H: usize, const W: usize>(
 ))]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
+#[allow(clippy::needless_range_loop)] // register blocks indexed by constant-trip loops
 unsafe fn sum_chunk<E: KvElem, const H: usize, const W: usize>(
     p: &[f32],
     pool: &[E],
