@@ -46,6 +46,7 @@ pub mod kernels;
 pub mod lanes;
 pub mod tile;
 mod tile_decode;
+mod tile_wide;
 
 #[cfg(test)]
 mod tests;
@@ -267,9 +268,15 @@ pub fn matmul(
             let mut j = c0;
             while j < c1 {
                 let nr = NR.min(c1 - j);
-                tile.decode(w, j, nr);
+                // Lane rows only: the lane kernel's form alone, in one
+                // pass where the type has a wide decoder.
+                if lane_end < p1 || !tile.decode_wide(w, j, nr) {
+                    tile.decode(w, j, nr);
+                    if lane_end > p0 {
+                        tile.widen();
+                    }
+                }
                 if let Some(la) = lane_acts.filter(|_| lane_end > p0) {
-                    tile.widen();
                     let (g_end, mut g) = (lane_end / lanes::LANES, p0 / lanes::LANES);
                     while g < g_end {
                         let n = (g_end - g).min(res_lanes.len());

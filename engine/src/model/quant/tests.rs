@@ -363,3 +363,42 @@ fn lane_kernel_matches_its_portable_form_bit_for_bit() {
         }
     }
 }
+
+/// The one-pass decoders give the lane kernel the levels and block scales
+/// of decode + widen, and zero rows past the decoded count.
+#[test]
+fn wide_decode_equals_decode_then_widen() {
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for ty in QuantType::ALL {
+        let k = 96;
+        if !ty.block_len().is_power_of_two() || k % ty.block_len() != 0 {
+            continue;
+        }
+        let w = qmatrix(ty, NR, k, &mut rng);
+        for nr in [NR, NR - 1] {
+            let mut wide = Tile::new(ty, k);
+            let mut two = Tile::new(ty, k);
+            // A used tile: stale rows must not survive.
+            wide.decode(&w, 0, NR);
+            wide.widen();
+            if !wide.decode_wide(&w, 0, nr) {
+                assert!(
+                    !matches!(ty, QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0),
+                    "{} has a wide decoder",
+                    ty.name()
+                );
+                continue;
+            }
+            two.decode(&w, 0, nr);
+            two.widen();
+            assert_eq!(wide.w16, two.w16, "{} nr {nr}: levels", ty.name());
+            assert!(!wide.w16_offset && !two.w16_offset, "{}", ty.name());
+            for t in 0..NR {
+                for c in 0..k / 32 {
+                    let at = t * wide.kp / 4 + 8 * c;
+                    assert_eq!(wide.a8[at], two.a8[at], "{} row {t} block {c}", ty.name());
+                }
+            }
+        }
+    }
+}

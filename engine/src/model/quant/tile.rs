@@ -28,6 +28,7 @@ use model_loader::quant::{decode_row, GROUP};
 use model_loader::QuantType;
 
 use super::tile_decode::decode_fast;
+use super::tile_wide;
 use super::{QMatrix, NR};
 
 /// Values per kernel step (one zmm of levels).
@@ -57,6 +58,8 @@ pub struct Tile {
     /// True when the products of [`Tile::w16`] still need the `bb` term
     /// (the types with a per-block minimum).
     pub w16_offset: bool,
+    /// Rows decoded by the last decode (the rest are zero).
+    rows: usize,
     ty: QuantType,
     off: i16,
     q: Vec<i8>,
@@ -98,6 +101,7 @@ impl Tile {
             has_offset: (off != 0 && off != 128) || ty.has_offset(),
             w16: Vec::new(),
             w16_offset: true,
+            rows: 0,
             ty,
             off,
             q: Vec::new(),
@@ -109,6 +113,7 @@ impl Tile {
     /// Decodes rows `j..j + nr` of `w` (`nr <= NR`); the rest become zero.
     pub fn decode(&mut self, w: &QMatrix, j: usize, nr: usize) {
         debug_assert_eq!(w.ty, self.ty, "Tile::decode: type");
+        self.rows = nr;
         let (k, kp, rb) = (self.k, self.kp, w.row_bytes());
         let gp = kp / GROUP;
         for t in 0..NR {
@@ -137,6 +142,38 @@ impl Tile {
         }
     }
 
+    /// Decodes rows `j..j + nr` of `w` (`nr <= NR`) into the lane
+    /// kernel's form only ([`Tile::w16`], the block scales `a8[8 c]`)
+    /// where the type has a one-pass decoder (`Q4_0`, `Q5_0`, `Q8_0`);
+    /// false otherwise, touching nothing (use [`Tile::decode`] and
+    /// [`Tile::widen`]). `u` and `bb` are left stale: only the lane kernel
+    /// may read this tile.
+    pub fn decode_wide(&mut self, w: &QMatrix, j: usize, nr: usize) -> bool {
+        if !tile_wide::supported(self.ty) {
+            return false;
+        }
+        let (k, kp, rb) = (self.k, self.kp, w.row_bytes());
+        self.rows = nr;
+        self.w16.resize(NR * kp, 0);
+        for t in 0..NR {
+            let w16 = &mut self.w16[t * kp..t * kp + k];
+            let a8 = &mut self.a8[t * kp / 4..t * kp / 4 + k / 4];
+            if t >= nr {
+                w16.fill(0);
+                a8.fill(0.0);
+                continue;
+            }
+            let row = &w.bytes[(j + t) * rb..(j + t + 1) * rb];
+            if !tile_wide::decode_row(self.ty, row, w16, a8) {
+                // Inconsistent lengths (never from a loaded model): the
+                // caller's decode + widen rewrites every level.
+                return false;
+            }
+        }
+        self.w16_offset = false;
+        true
+    }
+
     /// The weight type decoded.
     pub fn ty(&self) -> QuantType {
         self.ty
@@ -148,9 +185,22 @@ impl Tile {
     pub fn widen(&mut self) {
         self.w16_offset = self.ty.has_offset();
         let off = if self.w16_offset { 0 } else { self.off };
+        let (k, kp) = (self.k, self.kp);
         self.w16.resize(self.u.len(), 0);
-        for (o, &u) in self.w16.iter_mut().zip(&self.u) {
-            *o = i16::from(u) - off;
+        for (t, (o, u)) in self
+            .w16
+            .chunks_exact_mut(kp)
+            .zip(self.u.chunks_exact(kp))
+            .enumerate()
+        {
+            if t >= self.rows {
+                o.fill(0);
+                continue;
+            }
+            for (o, &u) in o[..k].iter_mut().zip(&u[..k]) {
+                *o = i16::from(u) - off;
+            }
+            o[k..].fill(0);
         }
     }
 
