@@ -67,9 +67,9 @@ pub fn decode_row(ty: QuantType, row: &[u8], w16: &mut [i16], a8: &mut [f32]) ->
 fn nibbles(qs: &[u8], qh: Option<u32>, off: i16, out: &mut [i16; 32]) {
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
     {
+        assert!(qs.len() >= 16, "a block's 16 nibble bytes");
         // SAFETY: AVX2 is enabled at compile time (the cfg); `qs` holds
         // 16 bytes (asserted) and `out` 32 i16.
-        assert!(qs.len() >= 16);
         unsafe { x86::nibbles(qs, qh, off, out) };
     }
     #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
@@ -77,6 +77,10 @@ fn nibbles(qs: &[u8], qh: Option<u32>, off: i16, out: &mut [i16; 32]) {
 }
 
 /// The portable [`nibbles`] (the reference of the tests).
+#[cfg_attr(
+    all(target_arch = "x86_64", target_feature = "avx2"),
+    allow(dead_code) // only the tests call it there
+)]
 fn nibbles_portable(qs: &[u8], qh: Option<u32>, off: i16, out: &mut [i16; 32]) {
     let h = qh.unwrap_or(0);
     for j in 0..16 {
