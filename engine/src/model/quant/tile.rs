@@ -143,34 +143,37 @@ impl Tile {
     }
 
     /// Decodes rows `j..j + nr` of `w` (`nr <= NR`) into the lane
-    /// kernel's form only ([`Tile::w16`], the block scales `a8[8 c]`)
-    /// where the type has a one-pass decoder (`Q4_0`, `Q5_0`, `Q8_0`);
-    /// false otherwise, touching nothing (use [`Tile::decode`] and
-    /// [`Tile::widen`]). `u` and `bb` are left stale: only the lane kernel
-    /// may read this tile.
+    /// kernel's form only ([`Tile::w16`], the scales and offsets it
+    /// reads) where the type has a one-pass decoder (`tile_wide`); false
+    /// otherwise (use [`Tile::decode`] and [`Tile::widen`]). `u` and the
+    /// other scale entries are left stale: only the lane kernel may read
+    /// this tile.
     pub fn decode_wide(&mut self, w: &QMatrix, j: usize, nr: usize) -> bool {
         if !tile_wide::supported(self.ty) {
             return false;
         }
         let (k, kp, rb) = (self.k, self.kp, w.row_bytes());
+        let gp = kp / GROUP;
         self.rows = nr;
         self.w16.resize(NR * kp, 0);
         for t in 0..NR {
             let w16 = &mut self.w16[t * kp..t * kp + k];
             let a8 = &mut self.a8[t * kp / 4..t * kp / 4 + k / 4];
+            let bb = &mut self.bb[t * gp..t * gp + k / GROUP];
             if t >= nr {
                 w16.fill(0);
                 a8.fill(0.0);
+                bb.fill(0.0);
                 continue;
             }
             let row = &w.bytes[(j + t) * rb..(j + t + 1) * rb];
-            if !tile_wide::decode_row(self.ty, row, w16, a8) {
+            if !tile_wide::decode_row(self.ty, row, w16, a8, bb) {
                 // Inconsistent lengths (never from a loaded model): the
                 // caller's decode + widen rewrites every level.
                 return false;
             }
         }
-        self.w16_offset = false;
+        self.w16_offset = self.ty.has_offset();
         true
     }
 

@@ -1,64 +1,168 @@
-//! Decoders straight into the lane kernel's form ([`super::tile::Tile::w16`]:
-//! the true levels as i16, one scale per 32-block) for the types whose
-//! levels have no minimum and one scale per 32 values: `Q4_0`, `Q5_0` and
-//! `Q8_0` (in a Q4_K_M file, `Q5_0` holds most matrices whose width is not
-//! a multiple of 256 and `Q8_0` the output head).
+//! Decoders straight into the lane kernel's form ([`super::tile::Tile::w16`]
+//! levels as i16, the scales `a8[8 c]` of each 32-block `c` (and
+//! `a8[8 c + 4]` of its second 16-half for `Q6_K`), and for the types with
+//! a minimum the per-16 offsets `bb`) for the common file types: `Q4_0`,
+//! `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`, `Q4_K`, `Q6_K` (a Q4_K_M file is made of
+//! `Q5_0` for matrices whose width is not a multiple of 256, `Q4_K` /
+//! `Q6_K` for the rest and `Q8_0` for the output head).
 //!
 //! Why: the general path decodes to unsigned bytes with every scale
 //! spread for the row-major kernels, then widens the bytes in a second
 //! pass; at batch 32 a tile is used for only 32 activation rows, so that
 //! work was about a fifth of the lane kernel's time. Here one pass does
-//! it: nibbles zero-extended to i16 lanes, `Q5_0`'s fifth bits expanded by
-//! a compare against per-lane bit masks, the offset subtracted, stored.
+//! it: nibbles zero-extended to i16 lanes, `Q5_*`'s fifth bits expanded by
+//! a compare against per-lane bit masks, the offset of the types without a
+//! minimum subtracted (their levels are the true signed ones), stored.
 //!
 //! Invariants: the results equal [`super::tile::Tile::decode`] followed by
-//! [`super::tile::Tile::widen`] on every value the lane kernel reads (the
-//! levels, and `a8[8 c]`, the scale of block `c`; tested bit for bit).
-//! Cost: O(k) per row, no allocation.
+//! [`super::tile::Tile::widen`] on every value the lane kernel reads
+//! (tested bit for bit). Cost: O(k) per row, no allocation.
 
 use half::f16;
+use model_loader::quant::scale_min_k4;
 use model_loader::QuantType;
+
+use super::tile::fold;
 
 /// True when `ty` has a wide decoder.
 pub fn supported(ty: QuantType) -> bool {
-    matches!(ty, QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0)
+    layout(ty).is_some()
 }
 
-/// Decodes one row of `ty` (`row`: its blocks) into `w16` (`k` levels)
-/// and the block scales `a8[8 c]` (the other entries of `a8` are left
-/// alone). Returns false, touching nothing, for other types or
-/// inconsistent lengths.
-pub fn decode_row(ty: QuantType, row: &[u8], w16: &mut [i16], a8: &mut [f32]) -> bool {
-    let (bytes, k) = match ty {
-        QuantType::Q4_0 => (18, w16.len()),
-        QuantType::Q5_0 => (22, w16.len()),
-        QuantType::Q8_0 => (34, w16.len()),
-        _ => return false,
+/// (block bytes, values per block) of the types with a wide decoder.
+fn layout(ty: QuantType) -> Option<(usize, usize)> {
+    Some(match ty {
+        QuantType::Q4_0 => (18, 32),
+        QuantType::Q4_1 => (20, 32),
+        QuantType::Q5_0 => (22, 32),
+        QuantType::Q5_1 => (24, 32),
+        QuantType::Q8_0 => (34, 32),
+        QuantType::Q4K => (144, 256),
+        QuantType::Q6K => (210, 256),
+        _ => return None,
+    })
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Decodes one row of `ty` (`row`: its blocks) into `w16` (`k` levels),
+/// the scales the lane kernel reads in `a8` (`k / 4` entries) and, for
+/// the types with a minimum, the offsets `bb` (`k / 16`). Returns false,
+/// touching nothing, for other types or inconsistent lengths.
+pub fn decode_row(
+    ty: QuantType,
+    row: &[u8],
+    w16: &mut [i16],
+    a8: &mut [f32],
+    bb: &mut [f32],
+) -> bool {
+    let Some((bytes, len)) = layout(ty) else {
+        return false;
     };
-    let blocks = k / 32;
-    if k != blocks * 32 || row.len() != blocks * bytes || a8.len() < blocks * 8 {
+    let (k, blocks) = (w16.len(), w16.len() / len);
+    if k != blocks * len || row.len() != blocks * bytes || a8.len() != k / 4 || bb.len() != k / 16 {
         return false;
     }
-    for (c, (blk, out)) in row
+    for (((blk, w), a8), bb) in row
         .chunks_exact(bytes)
-        .zip(w16.chunks_exact_mut(32))
-        .enumerate()
+        .zip(w16.chunks_exact_mut(len))
+        .zip(a8.chunks_exact_mut(len / 4))
+        .zip(bb.chunks_exact_mut(len / 16))
     {
-        a8[8 * c] = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-        let out: &mut [i16; 32] = match out.try_into() {
-            Ok(o) => o,
-            Err(_) => unreachable!("chunks of 32"),
-        };
         match ty {
-            QuantType::Q4_0 => nibbles(&blk[2..18], None, 8, out),
-            QuantType::Q5_0 => {
-                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-                nibbles(&blk[6..22], Some(qh), 16, out);
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 => {
+                let d = f16_at(blk, 0);
+                a8[0] = d;
+                let (qh, qs, off) = match ty {
+                    QuantType::Q4_0 => (None, &blk[2..18], 8),
+                    QuantType::Q4_1 => (None, &blk[4..20], 0),
+                    QuantType::Q5_0 => (Some(u32_at(blk, 2)), &blk[6..22], 16),
+                    _ => (Some(u32_at(blk, 4)), &blk[8..24], 0),
+                };
+                if ty.has_offset() {
+                    bb.fill(fold(d, f16_at(blk, 2), 0.0));
+                }
+                nibbles(qs, qh, off, arr32(w));
             }
-            _ => bytes_i8(&blk[2..34], out),
+            QuantType::Q8_0 => {
+                a8[0] = f16_at(blk, 0);
+                bytes_i8(&blk[2..34], arr32(w));
+            }
+            QuantType::Q4K => q4k(blk, w, a8, bb),
+            _ => q6k(blk, w, a8),
         }
     }
     true
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// The first 32 levels of `w` as an array (callers pass 32-value blocks).
+#[inline(always)]
+fn arr32(w: &mut [i16]) -> &mut [i16; 32] {
+    match w.get_mut(..32).and_then(|w| w.try_into().ok()) {
+        Some(a) => a,
+        None => unreachable!("blocks of at least 32 values"),
+    }
+}
+
+/// `Q4_K`: eight 32-blocks, each one scale and one minimum (6-bit each,
+/// times the super-block's `d` and `dmin`), levels 0..=15 in 64-value
+/// chunks (low nibbles, then high).
+#[inline(always)]
+fn q4k(blk: &[u8], w: &mut [i16], a8: &mut [f32], bb: &mut [f32]) {
+    let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(&blk[4..16], j);
+        let (av, bv) = (d * f32::from(sc), -(dmin * f32::from(m)));
+        a8[8 * j] = av;
+        bb[2 * j] = fold(av, bv, 0.0);
+        bb[2 * j + 1] = fold(av, bv, 0.0);
+    }
+    for c in 0..4 {
+        let qs: &[u8; 32] = match blk[16 + c * 32..16 + c * 32 + 32].try_into() {
+            Ok(q) => q,
+            Err(_) => unreachable!("32 bytes"),
+        };
+        let out = &mut w[c * 64..c * 64 + 64];
+        for l in 0..32 {
+            out[l] = i16::from(qs[l] & 0x0f);
+            out[32 + l] = i16::from(qs[l] >> 4);
+        }
+    }
+}
+
+/// `Q6_K`: sixteen 16-value scales (signed 8-bit times `d`), levels
+/// `(low 4 bits | high 2 bits << 4) - 32`.
+#[inline(always)]
+fn q6k(blk: &[u8], w: &mut [i16], a8: &mut [f32]) {
+    let d = f16_at(blk, 208);
+    for g in 0..16 {
+        a8[4 * g] = d * f32::from(blk[192 + g] as i8);
+    }
+    for hh in 0..2 {
+        let qh: &[u8; 32] = match blk[128 + hh * 32..160 + hh * 32].try_into() {
+            Ok(q) => q,
+            Err(_) => unreachable!("32 bytes"),
+        };
+        for qq in 0..4 {
+            let at = hh * 64 + (qq % 2) * 32;
+            let ql: &[u8; 32] = match blk[at..at + 32].try_into() {
+                Ok(q) => q,
+                Err(_) => unreachable!("32 bytes"),
+            };
+            let out = &mut w[hh * 128 + qq * 32..hh * 128 + qq * 32 + 32];
+            for l in 0..32 {
+                let low = (ql[l] >> (4 * (qq / 2))) & 0x0f;
+                let high = (qh[l] >> (2 * qq)) & 3;
+                out[l] = i16::from(low | (high << 4)) - 32;
+            }
+        }
+    }
 }
 
 /// Legacy nibble order (byte `j`: element `j` low, `j + 16` high), plus
@@ -181,8 +285,27 @@ mod tests {
     fn other_types_and_bad_lengths_are_refused() {
         let mut w = [0i16; 32];
         let mut a = [0f32; 8];
-        assert!(!decode_row(QuantType::Q4_1, &[0; 20], &mut w, &mut a));
-        assert!(!decode_row(QuantType::Q5_0, &[0; 21], &mut w, &mut a));
-        assert!(!decode_row(QuantType::Q8_0, &[0; 34], &mut w[..16], &mut a));
+        let mut b = [0f32; 2];
+        assert!(!decode_row(
+            QuantType::Q2K,
+            &[0; 84],
+            &mut w,
+            &mut a,
+            &mut b
+        ));
+        assert!(!decode_row(
+            QuantType::Q5_0,
+            &[0; 21],
+            &mut w,
+            &mut a,
+            &mut b
+        ));
+        assert!(!decode_row(
+            QuantType::Q8_0,
+            &[0; 34],
+            &mut w[..16],
+            &mut a,
+            &mut b
+        ));
     }
 }
