@@ -28,14 +28,6 @@
 //! sum each key's products in a different order (rounding only).
 //! Cost: O(H n hd) per call, no allocation.
 
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    target_feature = "f16c"
-))]
-use std::arch::x86_64::*;
-
 use super::kv_cache::KvElem;
 
 /// Most heads one call of the vector kernels serves (callers split larger
@@ -68,10 +60,10 @@ pub fn scores<E: KvElem>(
         // cfg); the shapes and every address are checked above.
         done = unsafe {
             match heads {
-                1 => scores2::<E, 1>(q, hd, pool, addrs, scale, out),
-                2 => scores2::<E, 2>(q, hd, pool, addrs, scale, out),
-                3 => scores2::<E, 3>(q, hd, pool, addrs, scale, out),
-                _ => scores2::<E, 4>(q, hd, pool, addrs, scale, out),
+                1 => x86::scores2::<E, 1>(q, hd, pool, addrs, scale, out),
+                2 => x86::scores2::<E, 2>(q, hd, pool, addrs, scale, out),
+                3 => x86::scores2::<E, 3>(q, hd, pool, addrs, scale, out),
+                _ => x86::scores2::<E, 4>(q, hd, pool, addrs, scale, out),
             }
         };
     }
@@ -101,10 +93,10 @@ pub fn weighted_sum<E: KvElem>(p: &[f32], pool: &[E], addrs: &[usize], hd: usize
         // shapes and every address are checked above.
         unsafe {
             match heads {
-                1 => sum_heads::<E, 1, 8>(p, pool, addrs, hd, o),
-                2 => sum_heads::<E, 2, 4>(p, pool, addrs, hd, o),
-                3 => sum_heads::<E, 3, 2>(p, pool, addrs, hd, o),
-                _ => sum_heads::<E, 4, 2>(p, pool, addrs, hd, o),
+                1 => x86::sum_heads::<E, 1, 8>(p, pool, addrs, hd, o),
+                2 => x86::sum_heads::<E, 2, 4>(p, pool, addrs, hd, o),
+                3 => x86::sum_heads::<E, 3, 2>(p, pool, addrs, hd, o),
+                _ => x86::sum_heads::<E, 4, 2>(p, pool, addrs, hd, o),
             }
         }
         return;
@@ -152,170 +144,159 @@ fn check(
     (heads, n)
 }
 
-/// `[a b c d]`: the horizontal sums of four vectors.
-///
-/// # Safety
-/// AVX (enabled at compile time under the callers' cfg).
 #[cfg(all(
     target_arch = "x86_64",
     target_feature = "avx2",
     target_feature = "fma",
     target_feature = "f16c"
 ))]
-#[inline(always)]
-unsafe fn hsum4(v: [__m256; 4]) -> __m128 {
-    // SAFETY: register-only AVX operations; AVX is enabled (the cfg).
-    unsafe {
-        // [a0 a1 a2 a3] per 128-bit half, then the halves added.
-        let h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-        _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
-    }
-}
+// The register blocks index accumulators [key][head] and [head][chunk]
+// by constant-trip loops (unrolled into registers).
+#[allow(clippy::needless_range_loop)]
+mod x86 {
+    use std::arch::x86_64::*;
 
-/// The scores of `H` heads for the first `2 * (n / 2)` keys; returns that
-/// count.
-///
-/// # Safety
-/// AVX2, FMA and F16C; `hd` a multiple of 8; `q.len() == H hd`;
-/// `out.len() == H n`; every `addrs[i] + hd <= pool.len()`.
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    target_feature = "f16c"
-))]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop)] // register blocks indexed by constant-trip loops
-unsafe fn scores2<E: KvElem, const H: usize>(
-    q: &[f32],
-    hd: usize,
-    pool: &[E],
-    addrs: &[usize],
-    scale: f32,
-    out: &mut [f32],
-) -> usize {
-    let (qp, pp, n) = (q.as_ptr(), pool.as_ptr(), addrs.len());
-    let whole = n / 2 * 2;
-    let zero = _mm256_setzero_ps();
-    for i in (0..whole).step_by(2) {
-        // SAFETY: the caller's contract: keys i and i + 1 hold hd values
-        // in the pool, q holds H rows of hd, d + 8 <= hd, and h n + i + 1
-        // < H n = out.len().
+    use super::KvElem;
+
+    /// `[a b c d]`: the horizontal sums of four vectors.
+    ///
+    /// # Safety
+    /// AVX (enabled at compile time: the module's cfg).
+    #[inline(always)]
+    unsafe fn hsum4(v: [__m256; 4]) -> __m128 {
+        // SAFETY: register-only AVX operations; AVX is enabled (the cfg).
         unsafe {
-            let k = [pp.add(addrs[i]), pp.add(addrs[i + 1])];
-            let mut acc = [[zero; H]; 2];
-            for d in (0..hd).step_by(8) {
-                let kv = [E::load8(k[0].add(d)), E::load8(k[1].add(d))];
+            // [a0 a1 a2 a3] per 128-bit half, then the halves added.
+            let h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+            _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
+        }
+    }
+
+    /// The scores of `H` heads for the first `2 * (n / 2)` keys; returns that
+    /// count.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `hd` a multiple of 8; `q.len() == H hd`;
+    /// `out.len() == H n`; every `addrs[i] + hd <= pool.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scores2<E: KvElem, const H: usize>(
+        q: &[f32],
+        hd: usize,
+        pool: &[E],
+        addrs: &[usize],
+        scale: f32,
+        out: &mut [f32],
+    ) -> usize {
+        let (qp, pp, n) = (q.as_ptr(), pool.as_ptr(), addrs.len());
+        let whole = n / 2 * 2;
+        let zero = _mm256_setzero_ps();
+        for i in (0..whole).step_by(2) {
+            // SAFETY: the caller's contract: keys i and i + 1 hold hd values
+            // in the pool, q holds H rows of hd, d + 8 <= hd, and h n + i + 1
+            // < H n = out.len().
+            unsafe {
+                let k = [pp.add(addrs[i]), pp.add(addrs[i + 1])];
+                let mut acc = [[zero; H]; 2];
+                for d in (0..hd).step_by(8) {
+                    let kv = [E::load8(k[0].add(d)), E::load8(k[1].add(d))];
+                    for h in 0..H {
+                        let qd = _mm256_loadu_ps(qp.add(h * hd + d));
+                        acc[0][h] = _mm256_fmadd_ps(qd, kv[0], acc[0][h]);
+                        acc[1][h] = _mm256_fmadd_ps(qd, kv[1], acc[1][h]);
+                    }
+                }
+                // (head, key) sums four at a time: [h0k0 h0k1 h1k0 h1k1] ...
+                let mut flat = [zero; 8];
                 for h in 0..H {
-                    let qd = _mm256_loadu_ps(qp.add(h * hd + d));
-                    acc[0][h] = _mm256_fmadd_ps(qd, kv[0], acc[0][h]);
-                    acc[1][h] = _mm256_fmadd_ps(qd, kv[1], acc[1][h]);
+                    flat[2 * h] = acc[0][h];
+                    flat[2 * h + 1] = acc[1][h];
                 }
-            }
-            // (head, key) sums four at a time: [h0k0 h0k1 h1k0 h1k1] ...
-            let mut flat = [zero; 8];
-            for h in 0..H {
-                flat[2 * h] = acc[0][h];
-                flat[2 * h + 1] = acc[1][h];
-            }
-            let mut sums = [0f32; 8];
-            let sc = _mm_set1_ps(scale);
-            _mm_storeu_ps(
-                sums.as_mut_ptr(),
-                _mm_mul_ps(hsum4([flat[0], flat[1], flat[2], flat[3]]), sc),
-            );
-            if H > 2 {
+                let mut sums = [0f32; 8];
+                let sc = _mm_set1_ps(scale);
                 _mm_storeu_ps(
-                    sums.as_mut_ptr().add(4),
-                    _mm_mul_ps(hsum4([flat[4], flat[5], flat[6], flat[7]]), sc),
+                    sums.as_mut_ptr(),
+                    _mm_mul_ps(hsum4([flat[0], flat[1], flat[2], flat[3]]), sc),
                 );
-            }
-            for h in 0..H {
-                *out.get_unchecked_mut(h * n + i) = sums[2 * h];
-                *out.get_unchecked_mut(h * n + i + 1) = sums[2 * h + 1];
-            }
-        }
-    }
-    whole
-}
-
-/// [`weighted_sum`] for `H` heads, `8 W` values of each head per pass over
-/// the keys (`H W` accumulators in registers), then 8 at a time.
-///
-/// # Safety
-/// AVX2, FMA and F16C; `hd` a multiple of 8; `o.len() == H hd`;
-/// `p.len() == H n`; every `addrs[i] + hd <= pool.len()`.
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    target_feature = "f16c"
-))]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn sum_heads<E: KvElem, const H: usize, const W: usize>(
-    p: &[f32],
-    pool: &[E],
-    addrs: &[usize],
-    hd: usize,
-    o: &mut [f32],
-) {
-    let mut c0 = 0;
-    while c0 + 8 * W <= hd {
-        // SAFETY: c0 + 8 W <= hd; the rest is the caller's contract.
-        unsafe { sum_chunk::<E, H, W>(p, pool, addrs, hd, c0, o) };
-        c0 += 8 * W;
-    }
-    while c0 < hd {
-        // SAFETY: c0 + 8 <= hd (hd is a multiple of 8).
-        unsafe { sum_chunk::<E, H, 1>(p, pool, addrs, hd, c0, o) };
-        c0 += 8;
-    }
-}
-
-/// Values `c0..c0 + 8 W` of each of the `H` heads' weighted sums.
-///
-/// # Safety
-/// As [`sum_heads`], and `c0 + 8 W <= hd`.
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma",
-    target_feature = "f16c"
-))]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-#[allow(clippy::needless_range_loop)] // register blocks indexed by constant-trip loops
-unsafe fn sum_chunk<E: KvElem, const H: usize, const W: usize>(
-    p: &[f32],
-    pool: &[E],
-    addrs: &[usize],
-    hd: usize,
-    c0: usize,
-    o: &mut [f32],
-) {
-    let n = addrs.len();
-    let mut acc = [[_mm256_setzero_ps(); W]; H];
-    for (j, &a) in addrs.iter().enumerate() {
-        // SAFETY: the caller's contract: a + c0 + 8 W <= a + hd <=
-        // pool.len(), and h n + j < H n = p.len().
-        unsafe {
-            let v = pool.as_ptr().add(a + c0);
-            let mut vals = [_mm256_setzero_ps(); W];
-            for (w, x) in vals.iter_mut().enumerate() {
-                *x = E::load8(v.add(8 * w));
-            }
-            for h in 0..H {
-                let pj = _mm256_set1_ps(*p.get_unchecked(h * n + j));
-                for w in 0..W {
-                    acc[h][w] = _mm256_fmadd_ps(vals[w], pj, acc[h][w]);
+                if H > 2 {
+                    _mm_storeu_ps(
+                        sums.as_mut_ptr().add(4),
+                        _mm_mul_ps(hsum4([flat[4], flat[5], flat[6], flat[7]]), sc),
+                    );
+                }
+                for h in 0..H {
+                    *out.get_unchecked_mut(h * n + i) = sums[2 * h];
+                    *out.get_unchecked_mut(h * n + i + 1) = sums[2 * h + 1];
                 }
             }
         }
+        whole
     }
-    for h in 0..H {
-        for w in 0..W {
-            // SAFETY: h hd + c0 + 8 w + 8 <= h hd + hd <= H hd = o.len().
-            unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(h * hd + c0 + 8 * w), acc[h][w]) };
+
+    /// [`weighted_sum`] for `H` heads, `8 W` values of each head per pass over
+    /// the keys (`H W` accumulators in registers), then 8 at a time.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `hd` a multiple of 8; `o.len() == H hd`;
+    /// `p.len() == H n`; every `addrs[i] + hd <= pool.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn sum_heads<E: KvElem, const H: usize, const W: usize>(
+        p: &[f32],
+        pool: &[E],
+        addrs: &[usize],
+        hd: usize,
+        o: &mut [f32],
+    ) {
+        let mut c0 = 0;
+        while c0 + 8 * W <= hd {
+            // SAFETY: c0 + 8 W <= hd; the rest is the caller's contract.
+            unsafe { sum_chunk::<E, H, W>(p, pool, addrs, hd, c0, o) };
+            c0 += 8 * W;
+        }
+        while c0 < hd {
+            // SAFETY: c0 + 8 <= hd (hd is a multiple of 8).
+            unsafe { sum_chunk::<E, H, 1>(p, pool, addrs, hd, c0, o) };
+            c0 += 8;
+        }
+    }
+
+    /// Values `c0..c0 + 8 W` of each of the `H` heads' weighted sums.
+    ///
+    /// # Safety
+    /// As [`sum_heads`], and `c0 + 8 W <= hd`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn sum_chunk<E: KvElem, const H: usize, const W: usize>(
+        p: &[f32],
+        pool: &[E],
+        addrs: &[usize],
+        hd: usize,
+        c0: usize,
+        o: &mut [f32],
+    ) {
+        let n = addrs.len();
+        let mut acc = [[_mm256_setzero_ps(); W]; H];
+        for (j, &a) in addrs.iter().enumerate() {
+            // SAFETY: the caller's contract: a + c0 + 8 W <= a + hd <=
+            // pool.len(), and h n + j < H n = p.len().
+            unsafe {
+                let v = pool.as_ptr().add(a + c0);
+                let mut vals = [_mm256_setzero_ps(); W];
+                for (w, x) in vals.iter_mut().enumerate() {
+                    *x = E::load8(v.add(8 * w));
+                }
+                for h in 0..H {
+                    let pj = _mm256_set1_ps(*p.get_unchecked(h * n + j));
+                    for w in 0..W {
+                        acc[h][w] = _mm256_fmadd_ps(vals[w], pj, acc[h][w]);
+                    }
+                }
+            }
+        }
+        for h in 0..H {
+            for w in 0..W {
+                // SAFETY: h hd + c0 + 8 w + 8 <= h hd + hd <= H hd = o.len().
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(h * hd + c0 + 8 * w), acc[h][w]) };
+            }
         }
     }
 }
