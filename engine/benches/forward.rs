@@ -9,7 +9,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use engine::executor::{ContiguousLayout, ForwardBatch};
-use engine::model::{KvCache, LlamaModel};
+use engine::model::{CpuModel, KvCache};
 use model_loader::{Architecture, LayerWeights, ModelConfig, ModelWeights, Tensor};
 use std::time::{Duration, Instant};
 
@@ -74,17 +74,17 @@ fn random_weights(c: &ModelConfig) -> ModelWeights {
     }
 }
 
-fn load() -> LlamaModel {
+fn load() -> CpuModel {
     let path = model_loader::paths::default_model_path();
     match model_loader::load_model(&path) {
-        Ok(m) => return LlamaModel::new(m.config, m.weights).expect("SmolLM2 model"),
+        Ok(m) => return CpuModel::new(m.config, m.weights).expect("SmolLM2 model"),
         Err(e) => eprintln!(
             "forward bench: cannot load {} ({e}); timing random weights of SmolLM2-135M's shapes",
             path.display()
         ),
     }
     let c = smollm2_config();
-    LlamaModel::new(c.clone(), random_weights(&c)).expect("SmolLM2-shaped model")
+    CpuModel::new(c.clone(), random_weights(&c)).expect("SmolLM2-shaped model")
 }
 
 fn prompt(seq: usize, n: usize) -> Vec<u32> {
@@ -128,7 +128,7 @@ fn cpu_time_estimate(name: &str, tokens: usize, iters: usize, mut step: impl FnM
     }
 }
 
-fn bench_prefill(c: &mut Criterion, model: &LlamaModel, seqs: usize) {
+fn bench_prefill(c: &mut Criterion, model: &CpuModel, seqs: usize) {
     let layout = ContiguousLayout {
         block_size: BLOCK,
         blocks_per_seq: CTX.div_ceil(BLOCK) + 1,
@@ -151,7 +151,7 @@ fn bench_prefill(c: &mut Criterion, model: &LlamaModel, seqs: usize) {
     g.finish();
 }
 
-fn bench_decode(c: &mut Criterion, model: &LlamaModel, seqs: usize) {
+fn bench_decode(c: &mut Criterion, model: &CpuModel, seqs: usize) {
     let layout = ContiguousLayout {
         block_size: BLOCK,
         blocks_per_seq: CTX.div_ceil(BLOCK) + 1,

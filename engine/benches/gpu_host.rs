@@ -35,7 +35,6 @@ use engine::executor::gpu::{
     Counters, CountersHandle, CountingDevice, DType, GpuExecutor, GpuOptions, KvSizing,
 };
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
-use engine::model::LlamaModel;
 use engine::scheduler::{RequestId, RequestParams, SchedulerConfig};
 use engine::{EngineConfig, LlmEngine};
 use model_loader::{Architecture, LayerWeights, ModelConfig, ModelWeights, Tensor};
@@ -204,7 +203,6 @@ struct Run {
 fn start(name: &'static str, lens: &[usize], blocks: usize, graphs: bool) -> (Run, usize) {
     let seqs = lens.len();
     let config = smollm2_config();
-    let model = LlamaModel::new(config.clone(), const_weights(&config)).expect("model");
     let dev = CountingDevice::new(141 << 30);
     let counters = dev.counters();
     let opts = GpuOptions {
@@ -215,10 +213,9 @@ fn start(name: &'static str, lens: &[usize], blocks: usize, graphs: bool) -> (Ru
             cpu: 0,
         },
     };
-    let exec = GpuExecutor::new(dev, &model, opts)
+    let exec = GpuExecutor::new(dev, config.clone(), const_weights(&config), opts)
         .expect("GPU executor on the counting device")
         .with_cuda_graphs(seqs, !graphs);
-    drop(model);
     let mut kv_cfg = PagedKvConfig::new(BLOCK, blocks, 0);
     kv_cfg.enable_prefix_caching = false;
     let kv = PagedKvCacheManager::new(kv_cfg).expect("KV manager");

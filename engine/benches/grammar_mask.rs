@@ -18,7 +18,7 @@ use engine::executor::CpuExecutor;
 use engine::grammar::state::{GrammarStates, MaskWork};
 use engine::grammar::{GrammarCompiler, GrammarSpec};
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
-use engine::model::LlamaModel;
+use engine::model::CpuModel;
 use engine::sampler::SamplingParams;
 use engine::scheduler::{RequestId, RequestParams, SchedulerConfig};
 use engine::{EngineConfig, LlmEngine};
@@ -81,7 +81,7 @@ fn main() {
     for n in [64usize, 256] {
         let block = 16;
         let blocks = n * (prompt.len() + 64).div_ceil(block) + 64;
-        let model = LlamaModel::new(m.config.clone(), m.weights.clone()).expect("model");
+        let model = CpuModel::new(m.config.clone(), m.weights.clone()).expect("model");
         let exec = CpuExecutor::new(model, blocks, 0, block).expect("executor");
         let kv = PagedKvCacheManager::new(PagedKvConfig::new(block, blocks, 0)).expect("kv");
         let cfg = EngineConfig {

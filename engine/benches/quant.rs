@@ -21,7 +21,7 @@
 
 use engine::executor::{ContiguousLayout, ForwardBatch};
 use engine::model::quant::ActPrecision;
-use engine::model::{KvCache, KvDtype, LlamaModel};
+use engine::model::{CpuModel, KvCache, KvDtype};
 use model_loader::WeightTypes;
 use std::time::Instant;
 
@@ -75,11 +75,11 @@ struct Work {
 /// One side of the comparison: a model and its KV cache's element type.
 struct Variant<'a> {
     name: &'static str,
-    model: &'a LlamaModel,
+    model: &'a CpuModel,
     kv: KvDtype,
 }
 
-fn decode_work(model: &LlamaModel, kv: KvDtype, seqs: usize) -> Work {
+fn decode_work(model: &CpuModel, kv: KvDtype, seqs: usize) -> Work {
     let layout = ContiguousLayout {
         block_size: BLOCK,
         blocks_per_seq: DECODE_CTX.div_ceil(BLOCK) + 1,
@@ -101,7 +101,7 @@ fn decode_work(model: &LlamaModel, kv: KvDtype, seqs: usize) -> Work {
 
 /// `seqs` prompts of `len` tokens in one forward (a chunked-prefill step
 /// of `seqs * len` tokens).
-fn prefill_work(model: &LlamaModel, kv: KvDtype, seqs: usize, len: usize) -> Work {
+fn prefill_work(model: &CpuModel, kv: KvDtype, seqs: usize, len: usize) -> Work {
     let layout = ContiguousLayout {
         block_size: BLOCK,
         blocks_per_seq: len.div_ceil(BLOCK) + 1,
@@ -118,7 +118,7 @@ fn prefill_work(model: &LlamaModel, kv: KvDtype, seqs: usize, len: usize) -> Wor
     }
 }
 
-fn model_forward(model: &LlamaModel, w: &mut Work) {
+fn model_forward(model: &CpuModel, w: &mut Work) {
     model.forward(&w.batch, &mut w.cache).expect("forward");
 }
 
@@ -130,7 +130,7 @@ fn profile_arg() -> Option<String> {
 }
 
 /// Tokens/s of `iters` forwards.
-fn time(model: &LlamaModel, w: &mut Work, iters: usize) -> f64 {
+fn time(model: &CpuModel, w: &mut Work, iters: usize) -> f64 {
     let t = Instant::now();
     for _ in 0..iters {
         model_forward(model, w);
@@ -148,7 +148,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn side_by_side(
     name: &str,
     variants: &[Variant],
-    make: impl Fn(&LlamaModel, KvDtype) -> Work,
+    make: impl Fn(&CpuModel, KvDtype) -> Work,
     iters: usize,
 ) {
     let mut works: Vec<Work> = variants.iter().map(|v| make(v.model, v.kv)).collect();
@@ -203,14 +203,14 @@ fn main() {
     let r0 = rss_bytes();
     let q = model_loader::load_model_with(&path, WeightTypes::File).expect("load");
     let r_loaded = rss_bytes();
-    let quant = LlamaModel::new(q.config, q.weights).expect("model");
+    let quant = CpuModel::new(q.config, q.weights).expect("model");
     let r_model = rss_bytes();
     drop(q.tokenizer);
     let r_no_tok = rss_bytes();
     let r_trim = trim_heap().then(rss_bytes);
     let r1 = rss_bytes();
     let f = model_loader::load_model(&path).expect("load");
-    let float = LlamaModel::new(f.config, f.weights).expect("model");
+    let float = CpuModel::new(f.config, f.weights).expect("model");
     let r2 = rss_bytes();
     let mut one = quant.clone();
     one.set_act_precision(ActPrecision::One8);
@@ -226,7 +226,7 @@ fn main() {
         mib(r2.saturating_sub(r1)),
     );
     println!(
-        "quantized load, resident memory: after the loader {:.1} MiB, after LlamaModel::new \
+        "quantized load, resident memory: after the loader {:.1} MiB, after CpuModel::new \
          (which returns freed heap to the OS) {:.1} MiB, after dropping the tokenizer {:.1} MiB, \
          after malloc_trim again {}",
         mib(r_loaded.saturating_sub(r0)),
@@ -245,7 +245,7 @@ fn main() {
         engine::model::quant::Isa::best()
     );
     if let Some(work) = profile_arg() {
-        let make: fn(&LlamaModel, KvDtype) -> Work = match work.as_str() {
+        let make: fn(&CpuModel, KvDtype) -> Work = match work.as_str() {
             "decode1" => |m, kv| decode_work(m, kv, 1),
             "decode32" => |m, kv| decode_work(m, kv, 32),
             "prefill" => |m, kv| prefill_work(m, kv, 1, CTX),

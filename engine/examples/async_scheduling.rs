@@ -11,7 +11,7 @@
 
 use engine::executor::CpuExecutor;
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
-use engine::model::LlamaModel;
+use engine::model::CpuModel;
 use engine::sampler::SamplingParams;
 use engine::scheduler::{RequestId, RequestParams, SchedulerConfig};
 use engine::{EngineConfig, LlmEngine};
@@ -45,7 +45,7 @@ fn run(
     requests: &[(Vec<u32>, RequestParams)],
     overlapped: bool,
 ) -> Result<Run, Box<dyn std::error::Error>> {
-    let model = LlamaModel::new(config.clone(), weights.clone())?;
+    let model = CpuModel::new(config.clone(), weights.clone())?;
     let block_size = 16;
     let blocks = 1024;
     let exec = CpuExecutor::new(model, blocks, 0, block_size)?;

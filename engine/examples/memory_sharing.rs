@@ -12,7 +12,7 @@
 
 use engine::executor::CpuExecutor;
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
-use engine::model::LlamaModel;
+use engine::model::CpuModel;
 use engine::sampler::SamplingParams;
 use engine::scheduler::{RequestId, RequestParams, SchedulerConfig};
 use engine::{EngineConfig, LlmEngine};
@@ -62,7 +62,7 @@ fn engine(
     config: &ModelConfig,
     weights: &ModelWeights,
 ) -> Result<LlmEngine, Box<dyn std::error::Error>> {
-    let model = LlamaModel::new(config.clone(), weights.clone())?;
+    let model = CpuModel::new(config.clone(), weights.clone())?;
     let exec = CpuExecutor::new(model, BLOCKS, 0, BLOCK)?;
     let mut kv_cfg = PagedKvConfig::new(BLOCK, BLOCKS, 0);
     kv_cfg.enable_prefix_caching = false;

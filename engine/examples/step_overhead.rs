@@ -7,7 +7,7 @@
 
 use engine::executor::CpuExecutor;
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
-use engine::model::LlamaModel;
+use engine::model::CpuModel;
 use engine::scheduler::{RequestId, RequestParams, SchedulerConfig};
 use engine::{EngineConfig, LlmEngine};
 use rand::{Rng, SeedableRng};
@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let loaded = model_loader::load_model(&path)
         .map_err(|e| format!("{}: {e} (run `cargo xtask fetch-model`)", path.display()))?;
     let vocab = loaded.config.vocab_size as u32;
-    let model = LlamaModel::new(loaded.config, loaded.weights)?;
+    let model = CpuModel::new(loaded.config, loaded.weights)?;
     let block_size = 16;
     let blocks = n * (prompt_len + output_len).div_ceil(block_size) + 16;
     let exec = CpuExecutor::new(model, blocks, 0, block_size)?;

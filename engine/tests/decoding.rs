@@ -167,7 +167,10 @@ fn invalid_sampling_params_are_refused_with_their_name() {
         let mut p = sampled(0, 1, None, 4);
         p.sampling.top_p = 0.0;
         match eng.add_request(RequestId(0), vec![5, 6], p) {
-            Err(engine::EngineError::InvalidParam { param, .. }) => assert_eq!(param, "top_p"),
+            Err(engine::EngineError::Request(engine::error::RequestError::InvalidParam {
+                param,
+                ..
+            })) => assert_eq!(param, "top_p"),
             other => panic!("{other:?}"),
         }
     });

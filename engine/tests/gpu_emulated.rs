@@ -8,8 +8,9 @@
 mod common;
 
 use common::{assert_pools_full, engine, engine_over, executor, on_executors, ExecKind, Setup};
-use engine::executor::{BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, Logits};
-use engine::sampler::device::{DeviceDraws, DeviceOut};
+use engine::executor::{
+    BlockOps, Capabilities, ExecError, Executor, ForwardBatch, Sampling, StepOutput,
+};
 use engine::sampler::SamplingParams;
 use engine::scheduler::{PreemptionMode, RequestId, RequestParams};
 use engine::LlmEngine;
@@ -129,29 +130,24 @@ struct Spy {
 }
 
 impl Executor for Spy {
-    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
-        self.inner.execute(ops, batch)
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
-    fn execute_greedy(
+    fn execute(
         &mut self,
         ops: &BlockOps,
         batch: &ForwardBatch,
-    ) -> Result<Option<Vec<GreedyRow>>, ExecError> {
-        self.inner.execute_greedy(ops, batch)
-    }
-    fn execute_sampled(
-        &mut self,
-        ops: &BlockOps,
-        batch: &ForwardBatch,
-        draws: &DeviceDraws,
-    ) -> Result<Option<DeviceOut>, ExecError> {
-        let out = self.inner.execute_sampled(ops, batch, draws)?;
-        if out.is_some() && draws.rows.iter().any(|r| r.slot.is_some()) {
-            self.slot_steps.fetch_add(1, Ordering::Relaxed);
-            self.fills.fetch_add(draws.fills.len(), Ordering::Relaxed);
-        }
-        if out.is_some() && !draws.host_rows.is_empty() {
-            self.mixed_steps.fetch_add(1, Ordering::Relaxed);
+        sampling: &Sampling,
+    ) -> Result<StepOutput, ExecError> {
+        let out = self.inner.execute(ops, batch, sampling)?;
+        if let Sampling::Device(draws) = sampling {
+            if draws.rows.iter().any(|r| r.slot.is_some()) {
+                self.slot_steps.fetch_add(1, Ordering::Relaxed);
+                self.fills.fetch_add(draws.fills.len(), Ordering::Relaxed);
+            }
+            if !draws.host_rows.is_empty() {
+                self.mixed_steps.fetch_add(1, Ordering::Relaxed);
+            }
         }
         Ok(out)
     }

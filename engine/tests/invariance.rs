@@ -8,7 +8,7 @@ mod common;
 
 use common::{assert_pools_full, engine, params, prompts, run_batch, run_to_end, Setup};
 use engine::executor::{generate_greedy, CpuExecutor};
-use engine::model::LlamaModel;
+use engine::model::CpuModel;
 use engine::scheduler::{PreemptionMode, RequestId};
 use std::collections::HashMap;
 
@@ -25,7 +25,7 @@ fn reference(prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
         .iter()
         .zip(MAX_TOKENS)
         .map(|(p, m)| {
-            let model = LlamaModel::new(config.clone(), weights.clone()).expect("model");
+            let model = CpuModel::new(config.clone(), weights.clone()).expect("model");
             let mut exec = CpuExecutor::new(model, 64, 0, 4).expect("executor");
             generate_greedy(&mut exec, p, m, &[], |_| {}).expect("generate")
         })

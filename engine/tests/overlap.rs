@@ -9,7 +9,9 @@
 mod common;
 
 use common::{assert_pools_full, engine_over, engine_with, prompts, Setup};
-use engine::executor::{BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, Logits};
+use engine::executor::{
+    BlockOps, Capabilities, ExecError, Executor, ForwardBatch, Sampling, StepOutput,
+};
 use engine::grammar::{GrammarCompiler, GrammarSpec};
 use engine::sampler::SamplingParams;
 use engine::scheduler::{FinishReason, RequestId, RequestParams};
@@ -272,28 +274,27 @@ impl FailingAt {
     fn tick(&mut self) -> Result<(), ExecError> {
         self.calls += 1;
         if self.calls == self.fail_at {
-            return Err(ExecError::Device("injected failure".into()));
+            return Err(ExecError::Gpu(engine::error::GpuError::Device(
+                "injected failure".into(),
+            )));
         }
         Ok(())
     }
 }
 
 impl Executor for FailingAt {
-    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
-        self.tick()?;
-        self.inner.execute(ops, batch)
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
 
-    fn execute_greedy(
+    fn execute(
         &mut self,
         ops: &BlockOps,
         batch: &ForwardBatch,
-    ) -> Result<Option<Vec<GreedyRow>>, ExecError> {
-        // One call per step: `execute` follows only when this ran nothing.
-        match self.inner.execute_greedy(ops, batch) {
-            Ok(None) => Ok(None),
-            r => self.tick().and(r),
-        }
+        sampling: &Sampling,
+    ) -> Result<StepOutput, ExecError> {
+        self.tick()?;
+        self.inner.execute(ops, batch, sampling)
     }
 
     fn vocab_size(&self) -> usize {

@@ -12,8 +12,10 @@
 mod common;
 
 use common::{assert_pools_full, engine, prompts, tiny, Setup};
-use engine::executor::{ContiguousLayout, CpuExecutor, Executor, ForwardBatch};
-use engine::model::LlamaModel;
+use engine::executor::{
+    ContiguousLayout, CpuExecutor, Executor, ForwardBatch, Sampling, StepOutput,
+};
+use engine::model::CpuModel;
 use engine::sampler::{PromptLogprob, SamplingParams};
 use engine::scheduler::{PreemptionMode, RequestId, RequestParams};
 use engine::LlmEngine;
@@ -25,7 +27,7 @@ const TOL: f64 = 2e-3;
 /// Reference logits rows of every prompt position, in f64.
 fn reference_rows(prompt: &[u32]) -> Vec<Vec<f64>> {
     let (config, weights) = tiny();
-    let model = LlamaModel::new(config.clone(), weights.clone()).expect("tiny model");
+    let model = CpuModel::new(config.clone(), weights.clone()).expect("tiny model");
     let block_size = 4;
     let blocks = prompt.len().div_ceil(block_size);
     let mut exec = CpuExecutor::new(model, blocks, 0, block_size).expect("executor");
@@ -37,7 +39,8 @@ fn reference_rows(prompt: &[u32]) -> Vec<Vec<f64>> {
     layout.push(&mut batch, 0, 0, prompt, false);
     batch.logits_rows = (0..prompt.len()).collect();
     let logits = exec
-        .execute(&Default::default(), &batch)
+        .execute(&Default::default(), &batch, &Sampling::Host)
+        .and_then(StepOutput::into_logits)
         .expect("forward pass");
     assert_eq!(logits.rows, prompt.len());
     (0..prompt.len())

@@ -4,8 +4,8 @@
 mod common;
 
 use common::{assert_pools_full, collect, engine, params, prompts, run_to_end, Setup};
+use engine::error::{EngineError, RequestError};
 use engine::scheduler::{FinishReason, PreemptionMode, RequestId, RequestParams};
-use engine::EngineError;
 use std::collections::HashMap;
 
 #[test]
@@ -24,14 +24,20 @@ fn oversized_requests_are_refused_while_others_complete() {
         let err = eng
             .add_request(RequestId(99), ps[0].clone(), params(capacity))
             .expect_err("must be refused");
-        assert!(matches!(err, EngineError::NeverFits { .. }), "{err:?}");
+        assert!(
+            matches!(err, EngineError::Request(RequestError::NeverFits { .. })),
+            "{err:?}"
+        );
 
         // Fits the cache, but not above the watermark once grown to its full
         // length (as a recompute would readmit it): refused at once too.
         let err = eng
             .add_request(RequestId(98), ps[1][..5].to_vec(), params(70))
             .expect_err("must be refused");
-        assert!(matches!(err, EngineError::NeverFits { .. }), "{err:?}");
+        assert!(
+            matches!(err, EngineError::Request(RequestError::NeverFits { .. })),
+            "{err:?}"
+        );
 
         // A long prompt that barely fits, queued first: the others behind it
         // still complete.
@@ -61,23 +67,37 @@ fn bad_requests_get_typed_errors() {
     common::on_each_executor(|| {
         let mut eng = engine(&Setup::default());
         let max_len = Setup::default().sched.max_model_len;
+        let refusal = |r: Result<(), EngineError>| match r {
+            Err(EngineError::Request(e)) => e,
+            other => panic!("not a request error: {other:?}"),
+        };
         assert_eq!(
-            eng.add_request(RequestId(1), vec![], params(4)),
-            Err(EngineError::EmptyPrompt)
+            refusal(eng.add_request(RequestId(1), vec![], params(4))),
+            RequestError::EmptyPrompt
         );
+        // The one context-length rule: prompt + max_tokens <= max_model_len.
+        assert_eq!(
+            refusal(eng.add_request(RequestId(2), vec![5; max_len - 3], params(4))),
+            RequestError::ContextTooLong {
+                prompt_len: max_len - 3,
+                max_tokens: 4,
+                max_model_len: max_len
+            }
+        );
+        eng.add_request(RequestId(5), vec![5; max_len - 4], params(4))
+            .expect("exactly max_model_len");
         assert!(matches!(
-            eng.add_request(RequestId(2), vec![5; max_len], params(4)),
-            Err(EngineError::PromptTooLong { .. })
-        ));
-        assert!(matches!(
-            eng.add_request(RequestId(3), vec![5; 4], params(0)),
-            Err(EngineError::InvalidParams(_))
+            refusal(eng.add_request(RequestId(3), vec![5; 4], params(0))),
+            RequestError::InvalidParam {
+                param: "max_tokens",
+                ..
+            }
         ));
         eng.add_request(RequestId(4), vec![5; 4], params(2))
             .expect("ok");
         assert_eq!(
-            eng.add_request(RequestId(4), vec![5; 4], params(2)),
-            Err(EngineError::DuplicateRequest(RequestId(4)))
+            refusal(eng.add_request(RequestId(4), vec![5; 4], params(2))),
+            RequestError::DuplicateRequest(RequestId(4))
         );
     });
 }

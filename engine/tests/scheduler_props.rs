@@ -7,8 +7,10 @@
 //! both pools are whole.
 
 use engine::kv::{KvCacheManager, PagedKvCacheManager, PagedKvConfig};
+use engine::sampler::SampleOut;
 use engine::scheduler::{
-    FinishReason, PreemptionMode, RequestId, RequestParams, Scheduler, SchedulerConfig, SeqStatus,
+    validate_request, Ahead, FinishReason, Outputs, PreemptionMode, RequestId, RequestParams,
+    Scheduler, SchedulerConfig, SeqStatus, StepOutcome,
 };
 use proptest::prelude::*;
 
@@ -91,13 +93,17 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
     for step in 0..20_000usize {
         for (i, (p, m, at)) in c.requests.iter().enumerate() {
             if *at == step {
+                // The engine refuses prompt + max_tokens beyond max_model_len.
                 let params = RequestParams {
-                    max_tokens: Some(*m),
+                    max_tokens: Some((*m).min(64 - p.len())),
                     ignore_eos: true,
                     ..RequestParams::default()
                 };
+                let capacity = kv.stats().total_blocks * kv.block_size();
+                let valid = validate_request(sched.config(), capacity, p.clone(), params)
+                    .map_err(|e| TestCaseError::fail(format!("invalid {i}: {e}")))?;
                 sched
-                    .add_request(&kv, RequestId(i as u64), p.clone(), params)
+                    .add_request(&kv, RequestId(i as u64), valid)
                     .map_err(|e| TestCaseError::fail(format!("refused {i}: {e}")))?;
             }
         }
@@ -127,18 +133,30 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
             }
             row += span.query_len;
         }
-        // "Sample" for each logits row.
+        // "Sample" each logits row, and apply the step as the engine does.
+        let mut rows = Vec::new();
         for t in &out.targets {
-            let i = t.request_id.0 as usize;
-            let g = sched.group_mut(t.request_id).expect("live group");
-            let seq = &mut g.seqs[t.seq_index];
-            let tok = next_token(*seq.tokens.last().expect("non-empty"));
-            seq.tokens.push(tok);
-            outputs[i].push(tok);
-            if outputs[i].len() == c.requests[i].1 || seq.tokens.len() >= 64 {
-                let finished =
-                    sched.finish_seq(&mut kv, t.request_id, t.seq_index, FinishReason::Length);
-                prop_assert!(finished.is_some());
+            let g = sched.group(t.request_id).expect("live group");
+            let last = *g.seqs[t.seq_index].tokens.last().expect("non-empty");
+            rows.push(SampleOut {
+                token: next_token(last),
+                logprob: 0.0,
+                top_logprobs: Vec::new(),
+            });
+        }
+        let mut news = Outputs::default();
+        sched.update_from_output(
+            &mut kv,
+            &out,
+            StepOutcome::Device(rows),
+            &Ahead::none(),
+            &mut news,
+        );
+        for o in news.into_list() {
+            let i = o.request_id.0 as usize;
+            outputs[i].extend_from_slice(o.token_ids());
+            if o.finished {
+                prop_assert_eq!(o.seqs[0].finish_reason, Some(FinishReason::Length));
                 done[i] = true;
             }
         }

@@ -219,7 +219,7 @@ fn bad_grammars_say_why() {
     };
     assert!(matches!(
         with_min_tokens.validate(Some(16)),
-        Err(engine::EngineError::InvalidParam {
+        Err(engine::error::RequestError::InvalidParam {
             param: "min_tokens",
             ..
         })

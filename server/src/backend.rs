@@ -5,8 +5,10 @@
 //! adapter over `engine::EngineHandle`. Handlers only ever see this trait.
 //!
 //! Invariants:
-//! - a request reaching [`Backend::submit`] is already validated (non-empty
-//!   prompt, `prompt + max_tokens <= max_model_len`, parameters in range);
+//! - a request reaching [`Backend::submit`] is converted from the wire form,
+//!   not validated: the engine validates it once, at submission (non-empty
+//!   prompt, `prompt + max_tokens <= max_model_len`, parameters in range),
+//!   and refuses it with a typed `EngineError`;
 //! - dropping an [`OutputStream`] before its last item aborts the request in
 //!   the engine and frees its blocks;
 //! - every sequence index `0..n` ends with exactly one delta carrying a
@@ -17,7 +19,6 @@
 pub use engine::sampler::SamplingParams;
 pub use engine::scheduler::RequestParams;
 use futures_util::stream::BoxStream;
-use std::fmt;
 
 /// One request for the engine: token ids plus parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,37 +95,12 @@ pub struct StepOutput {
     pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
-/// A failure reported by the engine.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BackendError {
-    /// Too many requests are waiting.
-    Overloaded(String),
-    /// The engine is shutting down.
-    ShutDown,
-    /// The engine refused the request's content.
-    InvalidRequest(String),
-    /// The engine refused one parameter (named for the 400's `param`).
-    InvalidParam {
-        param: &'static str,
-        message: String,
-    },
-    /// Anything else (executor failure, ...).
-    Internal(String),
-}
-
-impl fmt::Display for BackendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BackendError::Overloaded(m) | BackendError::InvalidRequest(m) => f.write_str(m),
-            BackendError::InvalidParam { message, .. } => f.write_str(message),
-            BackendError::ShutDown => f.write_str("the engine is shutting down"),
-            BackendError::Internal(m) => write!(f, "engine failure: {m}"),
-        }
-    }
-}
+/// A failure reported by the engine: the engine's own typed error (the
+/// HTTP layer maps it to a status in one place, `ApiError::from`).
+pub use engine::EngineError;
 
 /// A request's outputs. Dropping it aborts the request.
-pub type OutputStream = BoxStream<'static, Result<StepOutput, BackendError>>;
+pub type OutputStream = BoxStream<'static, Result<StepOutput, EngineError>>;
 
 /// Counters for `/metrics`, as of the engine's last step.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -157,8 +133,11 @@ pub struct BackendLimits {
 
 /// What the HTTP layer needs from an engine.
 pub trait Backend: Send + Sync + 'static {
-    /// Queues a validated request.
-    fn submit(&self, req: EngineRequest) -> Result<OutputStream, BackendError>;
+    /// Validates (the engine's one validation) and queues a request.
+    fn submit(&self, req: EngineRequest) -> Result<OutputStream, EngineError>;
+    /// Runs the engine's validation of `req` without queueing it (for a
+    /// request answered without generation: `echo` with `max_tokens` 0).
+    fn validate(&self, req: &EngineRequest) -> Result<(), EngineError>;
     /// Counters for `/metrics`.
     fn stats(&self) -> BackendStats;
     /// Limits for validation.

@@ -12,13 +12,14 @@
 //! which aborts the requests in the engine and frees their blocks.
 
 use crate::backend::{
-    Backend, BackendError, BackendLimits, BackendStats, EngineRequest, FinishReason, OutputStream,
+    Backend, BackendLimits, BackendStats, EngineRequest, FinishReason, OutputStream,
     PromptTokenLogprob, SeqDelta, StepOutput, TokenOut,
 };
+use anyhow::Context;
 use engine::engine_loop::{EngineStats, HandleConfig, ShutdownMode};
 use engine::executor::{build_executor, ExecutorRequest};
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
-use engine::model::LlamaModel;
+use engine::model::InMemory;
 use engine::scheduler::{self, SchedulerConfig};
 use engine::{EngineConfig, EngineError, EngineHandle, LlmEngine, RequestOutput, RequestStream};
 use futures_util::StreamExt;
@@ -48,16 +49,16 @@ impl EngineBackend {
         weights: model_loader::ModelWeights<model_loader::Weight>,
         eos_token_ids: Vec<u32>,
         opts: &EngineOptions,
-    ) -> Result<Self, BackendError> {
-        let internal = |e: &dyn std::fmt::Display| BackendError::Internal(e.to_string());
-        let model = LlamaModel::new(config, weights).map_err(|e| internal(&e))?;
-        let built = build_executor(model, &opts.executor).map_err(|e| internal(&e))?;
+    ) -> anyhow::Result<Self> {
+        let mut source = InMemory::from(weights);
+        let built =
+            build_executor(config, &mut source, &opts.executor).context("building the executor")?;
         let executor = built.executor;
         let (gpu_blocks, cpu_blocks) = executor.num_blocks();
         tracing::info!(executor = %built.description, gpu_blocks, cpu_blocks, "executor ready");
         let mut kv_cfg = PagedKvConfig::new(opts.block_size, gpu_blocks, cpu_blocks);
         kv_cfg.enable_prefix_caching = opts.enable_prefix_caching;
-        let kv = PagedKvCacheManager::new(kv_cfg).map_err(|e| internal(&e))?;
+        let kv = PagedKvCacheManager::new(kv_cfg).context("building the KV cache manager")?;
         let engine = LlmEngine::new(
             EngineConfig {
                 scheduler: opts.scheduler.clone(),
@@ -65,9 +66,8 @@ impl EngineBackend {
             },
             Box::new(kv),
             executor,
-        )
-        .map_err(map_err)?;
-        let handle = EngineHandle::spawn(engine, opts.handle).map_err(map_err)?;
+        )?;
+        let handle = EngineHandle::spawn(engine, opts.handle)?;
         Ok(Self {
             handle,
             limits: BackendLimits {
@@ -76,22 +76,6 @@ impl EngineBackend {
                 num_gpu_blocks: gpu_blocks,
             },
         })
-    }
-}
-
-fn map_err(e: EngineError) -> BackendError {
-    match e {
-        EngineError::Overloaded { .. } => BackendError::Overloaded(e.to_string()),
-        EngineError::ShutDown => BackendError::ShutDown,
-        EngineError::EmptyPrompt
-        | EngineError::PromptTooLong { .. }
-        | EngineError::NeverFits { .. }
-        | EngineError::InvalidParams(_) => BackendError::InvalidRequest(e.to_string()),
-        EngineError::InvalidParam { param, reason } => BackendError::InvalidParam {
-            param,
-            message: format!("{param} {reason}"),
-        },
-        other => BackendError::Internal(other.to_string()),
     }
 }
 
@@ -163,20 +147,22 @@ fn output_stream(rs: RequestStream, n: usize) -> OutputStream {
                 let step = convert(out, n);
                 Some((Ok(step), (!finished).then_some(rs)))
             }
-            Err(e) => Some((Err(map_err(e)), None)),
+            Err(e) => Some((Err(e), None)),
         }
     })
     .boxed()
 }
 
 impl Backend for EngineBackend {
-    fn submit(&self, req: EngineRequest) -> Result<OutputStream, BackendError> {
+    fn submit(&self, req: EngineRequest) -> Result<OutputStream, EngineError> {
         let n = req.params.sampling.n.max(1);
-        let rs = self
-            .handle
-            .add_request(req.prompt_token_ids, req.params)
-            .map_err(map_err)?;
+        let rs = self.handle.add_request(req.prompt_token_ids, req.params)?;
         Ok(output_stream(rs, n))
+    }
+
+    fn validate(&self, req: &EngineRequest) -> Result<(), EngineError> {
+        self.handle
+            .validate(req.prompt_token_ids.clone(), req.params.clone())
     }
 
     fn stats(&self) -> BackendStats {

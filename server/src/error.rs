@@ -4,7 +4,7 @@
 //! Invariant: every handler failure is an [`ApiError`]; [`ApiError::status`]
 //! and [`ApiError::to_body`] are the only mapping to HTTP.
 
-use crate::backend::BackendError;
+use engine::error::{EngineError, Report, RequestError};
 use hyper::StatusCode;
 use serde::Serialize;
 use thiserror::Error;
@@ -155,17 +155,34 @@ impl ApiError {
     }
 }
 
-impl From<BackendError> for ApiError {
-    fn from(e: BackendError) -> Self {
+/// The one mapping of the engine's errors to HTTP. No wildcard arm: a new
+/// engine error variant does not compile until it is given a status here.
+/// 5xx bodies carry the whole typed chain (`executor failure: GPU
+/// executor: cuLaunchKernel failed: ...`).
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
         match e {
-            BackendError::Overloaded(m) => ApiError::Overloaded(m),
-            BackendError::ShutDown => ApiError::ShuttingDown,
-            BackendError::InvalidRequest(m) => ApiError::InvalidValue {
-                message: m,
-                param: None,
+            EngineError::Request(r) => match r {
+                RequestError::ContextTooLong { .. } => ApiError::ContextTooLong(r.to_string()),
+                RequestError::InvalidParam { param, .. } => ApiError::invalid(param, r.to_string()),
+                RequestError::EmptyPrompt
+                | RequestError::NeverFits { .. }
+                | RequestError::DuplicateRequest(_) => ApiError::InvalidValue {
+                    message: r.to_string(),
+                    param: r.param().map(str::to_string),
+                },
             },
-            BackendError::InvalidParam { param, message } => ApiError::invalid(param, message),
-            BackendError::Internal(m) => ApiError::Internal(m),
+            EngineError::Overloaded { .. } => ApiError::Overloaded(e.to_string()),
+            EngineError::ShutDown => ApiError::ShuttingDown,
+            EngineError::InvalidConfig(_)
+            | EngineError::Thread { .. }
+            | EngineError::Kv(_)
+            | EngineError::Executor(_)
+            | EngineError::Inconsistent(_) => {
+                let report = Report(&e).to_string();
+                tracing::error!(error = %report, "engine failure");
+                ApiError::Internal(report)
+            }
         }
     }
 }
@@ -200,14 +217,36 @@ mod tests {
     }
 
     #[test]
-    fn backend_errors_map() {
+    fn engine_errors_map_once() {
+        let overloaded = EngineError::Overloaded {
+            waiting: 3,
+            limit: 2,
+        };
         assert_eq!(
-            ApiError::from(BackendError::Overloaded("busy".into())).status(),
+            ApiError::from(overloaded).status(),
             StatusCode::TOO_MANY_REQUESTS
         );
         assert_eq!(
-            ApiError::from(BackendError::ShutDown).status(),
+            ApiError::from(EngineError::ShutDown).status(),
             StatusCode::SERVICE_UNAVAILABLE
+        );
+        let param = EngineError::from(RequestError::InvalidParam {
+            param: "top_k",
+            reason: "must be -1 or at least 1".into(),
+        });
+        let e = ApiError::from(param);
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let v: serde_json::Value = serde_json::from_str(&e.to_body()).expect("json");
+        assert_eq!(v["error"]["param"], "top_k");
+        assert_eq!(v["error"]["message"], "top_k must be -1 or at least 1");
+        // A 5xx names the typed cause under the engine's error.
+        let gpu = engine::error::GpuError::Device("double free".into());
+        let e = ApiError::from(EngineError::from(gpu));
+        assert_eq!(e.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            e.to_string()
+                .contains("executor failure: GPU executor: device error: double free"),
+            "{e}"
         );
     }
 }

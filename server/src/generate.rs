@@ -17,7 +17,7 @@
 //!   (one token, discarded) so that its logprobs exist.
 
 use crate::backend::{
-    Backend, BackendError, EngineRequest, OutputStream, PromptLogprobs, SeqDelta, StepOutput,
+    Backend, EngineError, EngineRequest, OutputStream, PromptLogprobs, SeqDelta, StepOutput,
     TokenOut,
 };
 use crate::detok::{IncrementalDetokenizer, StopMatcher};
@@ -33,7 +33,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 /// One item of an engine stream.
-type StepItem = Result<StepOutput, BackendError>;
+type StepItem = Result<StepOutput, EngineError>;
 
 /// New output of one choice.
 #[derive(Debug, Clone, PartialEq)]
@@ -163,34 +163,32 @@ impl Generation {
         metrics: Arc<Metrics>,
     ) -> Result<Self, ApiError> {
         let arrival = Instant::now();
-        let max_len = backend.limits().max_model_len;
         let mut streams = Vec::with_capacity(req.prompts.len());
         let mut prompt_only = vec![false; req.prompts.len()];
+        let refused = |e: EngineError| {
+            metrics.requests_rejected.fetch_add(1, Ordering::Relaxed);
+            ApiError::from(e)
+        };
         for (i, p) in req.prompts.iter().enumerate() {
-            let mut params = req.params.clone();
-            let budget = req.max_tokens_for(p.token_ids.len(), max_len);
-            params.max_tokens = Some(budget);
-            if budget == 0 {
-                if params.sampling.prompt_logprobs.is_none() {
-                    // `echo` with max_tokens 0: only the prompt comes back.
+            let mut request = EngineRequest {
+                prompt_token_ids: p.token_ids.clone(),
+                params: req.params.clone(),
+            };
+            // `None` asks the engine to fill the context.
+            request.params.max_tokens = req.max_tokens;
+            if req.max_tokens == Some(0) && req.echo {
+                // `echo` with max_tokens 0: only the prompt comes back (the
+                // engine still validates the prompt, with one token asked).
+                request.params.max_tokens = Some(1);
+                if request.params.sampling.prompt_logprobs.is_none() {
+                    backend.validate(&request).map_err(refused)?;
                     streams.push(None);
                     continue;
                 }
                 // The prompt must run for its logprobs; its token is dropped.
-                params.max_tokens = Some(1);
                 prompt_only[i] = true;
             }
-            let submitted = backend.submit(EngineRequest {
-                prompt_token_ids: p.token_ids.clone(),
-                params,
-            });
-            match submitted {
-                Ok(s) => streams.push(Some(s)),
-                Err(e) => {
-                    metrics.requests_rejected.fetch_add(1, Ordering::Relaxed);
-                    return Err(e.into());
-                }
-            }
+            streams.push(Some(backend.submit(request).map_err(refused)?));
         }
         let n = req.params.sampling.n;
         let mut choices: Vec<ChoiceState> = (0..req.prompts.len() * n)

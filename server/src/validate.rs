@@ -1,12 +1,14 @@
-//! Turns wire requests into a typed, validated [`GenerateRequest`], once, at
-//! the edge: ranges checked, prompts tokenized (chat template applied),
-//! `prompt + max_tokens <= max_model_len` enforced. Nothing past this module
-//! re-checks a parameter.
+//! Turns wire requests into a typed [`GenerateRequest`], once, at the edge:
+//! the wire form converted into the engine's own types, prompts tokenized
+//! (chat template applied).
 //!
-//! Sampling parameters are parsed here into the engine's own types and
-//! range-checked once, by `engine::sampler::SamplingParams::validate` (its
-//! error names the parameter for the 400's `param`); what is checked here
-//! is the wire form: negative counts, top_k -1 (off), token ids inside the
+//! What is validated is split by owner, each rule in one place. The engine
+//! validates the request itself once, when it is submitted
+//! (`engine::scheduler::validate_request`: every sampling range, the empty
+//! prompt, the one context-length rule `prompt + max_tokens <=
+//! max_model_len`); its typed error becomes the 400 in `ApiError::from`.
+//! What is checked here is what only the wire form has: JSON types,
+//! negative counts, top_k -1 (off), token ids inside the
 //! vocabulary (`stop_token_ids`, `logit_bias` keys), early_stopping a boolean
 //! (vLLM's "never" is refused), at most 4 stop strings (OpenAI's limit),
 //! none empty. Structured outputs and tools: see [`crate::structured`]; a
@@ -53,8 +55,7 @@ pub struct GenerateRequest {
     pub endpoint: Endpoint,
     pub model: String,
     pub prompts: Vec<Prompt>,
-    /// Engine parameters; `max_tokens` is resolved per prompt in
-    /// [`GenerateRequest::max_tokens_for`].
+    /// Engine parameters (`max_tokens` is set per prompt from the field below).
     pub params: RequestParams,
     /// Chat: how tool calls are returned.
     pub tool_mode: ToolMode,
@@ -65,14 +66,6 @@ pub struct GenerateRequest {
     pub include_usage: bool,
     pub echo: bool,
     pub return_token_ids: bool,
-}
-
-impl GenerateRequest {
-    /// The output budget of a prompt of `prompt_len` tokens.
-    pub fn max_tokens_for(&self, prompt_len: usize, max_model_len: usize) -> usize {
-        self.max_tokens
-            .unwrap_or_else(|| max_model_len.saturating_sub(prompt_len))
-    }
 }
 
 /// What validation needs to know about the served model.
@@ -255,9 +248,8 @@ fn constrain(
     Ok(())
 }
 
-/// Builds the request once prompts are tokenized: checks lengths.
+/// Builds the request once prompts are tokenized.
 fn finish(
-    ctx: &ValidationContext<'_>,
     endpoint: Endpoint,
     model: String,
     prompts: Vec<Prompt>,
@@ -265,30 +257,9 @@ fn finish(
     params: RequestParams,
     echo: bool,
 ) -> Result<GenerateRequest, ApiError> {
+    // Ranges, the empty prompt and the context length are the engine's to
+    // check, once, when the request is submitted (`scheduler::validate_request`).
     let max_tokens = nonneg("max_tokens", c.max_tokens)?;
-    if max_tokens == Some(0) && !echo {
-        return Err(ApiError::invalid(
-            "max_tokens",
-            "max_tokens must be at least 1",
-        ));
-    }
-    params.sampling.validate(max_tokens).map_err(engine_error)?;
-    let max_len = ctx.limits.max_model_len;
-    for p in &prompts {
-        if p.token_ids.is_empty() {
-            return Err(ApiError::invalid("prompt", "the prompt is empty"));
-        }
-        let want = max_tokens.unwrap_or(1).max(1);
-        if p.token_ids.len() + want > max_len {
-            return Err(ApiError::ContextTooLong(format!(
-                "This model's maximum context length is {max_len} tokens. However, you requested \
-                 {} tokens ({} in the prompt, {want} for the completion). Please reduce the length \
-                 of the prompt or max_tokens.",
-                p.token_ids.len() + want,
-                p.token_ids.len()
-            )));
-        }
-    }
     let stream = c.stream.unwrap_or(false);
     let include_usage = c
         .stream_options
@@ -320,16 +291,6 @@ fn finish(
         echo,
         return_token_ids: c.return_token_ids.unwrap_or(false),
     })
-}
-
-/// The engine's parameter error as a 400 naming the parameter.
-fn engine_error(e: engine::EngineError) -> ApiError {
-    match e {
-        engine::EngineError::InvalidParam { param, reason } => {
-            ApiError::invalid(param, format!("{param} {reason}"))
-        }
-        other => ApiError::invalid("request", other.to_string()),
-    }
 }
 
 pub(crate) fn encode(
@@ -408,7 +369,7 @@ pub fn completion(
     }
     let prompts = completion_prompts(ctx, &r.prompt)?;
     constrain(ctx, &c, None, &mut params)?;
-    finish(ctx, Endpoint::Completions, model, prompts, &c, params, echo)
+    finish(Endpoint::Completions, model, prompts, &c, params, echo)
 }
 
 /// Checks chat `messages` and renders them with the model's chat template
@@ -553,7 +514,7 @@ pub fn chat(ctx: &ValidationContext<'_>, r: &ChatRequest) -> Result<GenerateRequ
     let tool_spec = crate::structured::tool_spec(&tool_mode, tools);
     constrain(ctx, &c, tool_spec, &mut params)?;
     let prompts = vec![Prompt { text, token_ids }];
-    let mut req = finish(ctx, Endpoint::Chat, model, prompts, &c, params, false)?;
+    let mut req = finish(Endpoint::Chat, model, prompts, &c, params, false)?;
     req.tool_mode = tool_mode;
     Ok(req)
 }

@@ -3,7 +3,7 @@
 //! our forward pass with golden outputs from HF transformers.
 
 use engine::executor::cpu::generate::{argmax, ContiguousLayout};
-use engine::executor::{BlockOps, Executor, ForwardBatch};
+use engine::executor::{BlockOps, Executor, ForwardBatch, Sampling, StepOutput};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -113,7 +113,10 @@ pub fn greedy_batch<E: Executor>(
         for (i, toks) in pending.iter().enumerate() {
             layout.push(&mut batch, i, past[i], toks, true);
         }
-        let logits = exec.execute(&ops, &batch).expect("forward pass");
+        let logits = exec
+            .execute(&ops, &batch, &Sampling::Host)
+            .and_then(StepOutput::into_logits)
+            .expect("forward pass");
         for i in 0..prompts.len() {
             past[i] += pending[i].len();
             let row = logits.row(i);

@@ -15,8 +15,9 @@
 
 use engine::executor::gpu::{DType, Device, EmuDevice, GpuExecutor, GpuOptions, KvSizing};
 use engine::executor::CpuExecutor;
-use engine::model::LlamaModel;
+use engine::model::CpuModel;
 use integration_tests::{default_model_path, greedy_batch, load_golden, Decoded};
+use model_loader::{ModelConfig, ModelWeights};
 
 /// bf16 has 8 significant bits: logprobs after 30 layers drift by a few tenths
 /// of a nat at most where the prediction is confident.
@@ -26,7 +27,7 @@ const BF16_LOGPROB_TOL: f64 = 0.5;
 const NEAR_TIE: f64 = 0.5;
 
 #[cfg(feature = "cuda")]
-fn model() -> LlamaModel {
+fn model() -> Weights {
     let path = std::env::var_os("PAGED_ENGINE_MODEL")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(default_model_path);
@@ -34,9 +35,17 @@ fn model() -> LlamaModel {
 }
 
 #[cfg(feature = "cuda")]
-fn load(path: &std::path::Path) -> LlamaModel {
+fn load(path: &std::path::Path) -> Weights {
     let loaded = model_loader::load_model(path).expect("load SmolLM2");
-    LlamaModel::new(loaded.config, loaded.weights).expect("build model")
+    (loaded.config, loaded.weights)
+}
+
+/// A model's config and f32 weights (each executor builds its own copy).
+type Weights = (ModelConfig, ModelWeights);
+
+/// The CPU model of `w`.
+fn cpu_model(w: &Weights) -> CpuModel {
+    CpuModel::new(w.0.clone(), w.1.clone()).expect("build model")
 }
 
 fn opts(dtype: DType) -> GpuOptions {
@@ -49,7 +58,7 @@ fn opts(dtype: DType) -> GpuOptions {
 
 /// `prompts` greedily on the CPU executor (float32), `new_tokens` each: the
 /// reference of the GPU executor's checks.
-fn cpu_reference(model: LlamaModel, prompts: &[Vec<u32>], new_tokens: usize) -> Vec<Decoded> {
+fn cpu_reference(model: CpuModel, prompts: &[Vec<u32>], new_tokens: usize) -> Vec<Decoded> {
     let mut exec = CpuExecutor::new(model, 64, 0, 16).expect("cpu executor");
     greedy_batch(&mut exec, prompts, new_tokens)
 }
@@ -71,13 +80,14 @@ fn top5(row: &[f64]) -> Vec<(u32, f64)> {
 fn check_against_cpu<D: Device>(
     reference: &[Decoded],
     prompts: &[Vec<u32>],
-    model: &LlamaModel,
+    model: &Weights,
     dev: D,
     dtype: DType,
     tol: f64,
 ) -> Vec<String> {
     let new_tokens = reference.first().map_or(0, |r| r.ids.len());
-    let mut exec = GpuExecutor::new(dev, model, opts(dtype)).expect("gpu executor");
+    let (config, weights) = model.clone();
+    let mut exec = GpuExecutor::new(dev, config, weights, opts(dtype)).expect("gpu executor");
     let ours = greedy_batch(&mut exec, prompts, new_tokens);
     let mut report = vec![];
     for (i, (want, got)) in reference.iter().zip(&ours).enumerate() {
@@ -115,11 +125,11 @@ fn check_against_cpu<D: Device>(
 /// SmolLM2's real weights and dimensions (head 64, GQA 9:3, hidden 576,
 /// vocab 49152) cut to its first two layers: the emulator runs one OS thread
 /// per GPU thread, so the full 30 layers would take tens of minutes here.
-fn smollm2_two_layers() -> LlamaModel {
+fn smollm2_two_layers() -> Weights {
     let mut loaded = model_loader::load_model(&default_model_path()).expect("load SmolLM2");
     loaded.config.num_hidden_layers = 2;
     loaded.weights.layers.truncate(2);
-    LlamaModel::new(loaded.config, loaded.weights).expect("build model")
+    (loaded.config, loaded.weights)
 }
 
 /// Short golden prompts (chat and raw) for the emulated runs.
@@ -136,8 +146,8 @@ fn short_prompts() -> Vec<Vec<u32>> {
 #[test]
 fn smollm2_layers_in_f32_on_the_emulated_gpu_match_the_cpu() {
     let prompts = short_prompts();
-    let reference = cpu_reference(smollm2_two_layers(), &prompts, 4);
     let model = smollm2_two_layers();
+    let reference = cpu_reference(cpu_model(&model), &prompts, 4);
     for line in check_against_cpu(
         &reference,
         &prompts,
@@ -153,8 +163,8 @@ fn smollm2_layers_in_f32_on_the_emulated_gpu_match_the_cpu() {
 #[test]
 fn smollm2_layers_in_bf16_on_the_emulated_gpu_stay_within_bf16_tolerance() {
     let prompts = short_prompts();
-    let reference = cpu_reference(smollm2_two_layers(), &prompts, 4);
     let model = smollm2_two_layers();
+    let reference = cpu_reference(cpu_model(&model), &prompts, 4);
     let dev = EmuDevice::new();
     for line in check_against_cpu(
         &reference,
@@ -184,11 +194,12 @@ fn smollm2_bf16_on_cuda_diverges_from_the_cpu_only_at_near_ties() {
     };
     let golden = load_golden("smollm2_golden.json");
     let prompts: Vec<Vec<u32>> = golden.cases.iter().map(|c| c.prompt_ids.clone()).collect();
-    let reference = cpu_reference(model(), &prompts, golden.new_tokens);
+    let weights = model();
+    let reference = cpu_reference(cpu_model(&weights), &prompts, golden.new_tokens);
     for line in check_against_cpu(
         &reference,
         &prompts,
-        &model(),
+        &weights,
         dev,
         DType::Bf16,
         BF16_LOGPROB_TOL,

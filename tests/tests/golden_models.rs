@@ -19,7 +19,7 @@
 //! (`cargo xtask fetch-model --model qwen2.5-coder-0.5b` / `--model gemma-3-270m`).
 
 use engine::executor::cpu::CpuExecutor;
-use engine::model::LlamaModel;
+use engine::model::CpuModel;
 use integration_tests::{greedy_batch, load_golden, Decoded, GoldenCase};
 use model_loader::{ChatMessage, Tokenizer};
 use serde::Deserialize;
@@ -142,7 +142,7 @@ fn compare(case: &GoldenCase, ours: &Decoded) -> Result<String, String> {
 fn check_greedy(path: &std::path::Path, fixture: &str) {
     let golden = load_golden(fixture);
     let loaded = model_loader::load_model(path).expect("load model");
-    let model = LlamaModel::new(loaded.config, loaded.weights).expect("build model");
+    let model = CpuModel::new(loaded.config, loaded.weights).expect("build model");
     let prompts: Vec<Vec<u32>> = golden.cases.iter().map(|c| c.prompt_ids.clone()).collect();
     let mut exec = CpuExecutor::new(model, 64, 0, 16).expect("executor");
     let ours = greedy_batch(&mut exec, &prompts, golden.new_tokens);
@@ -220,7 +220,7 @@ fn check_greedy_quantized(path: &std::path::Path, fixture: &str) {
     let golden = load_golden(fixture);
     let loaded =
         model_loader::load_model_with(path, model_loader::WeightTypes::File).expect("load model");
-    let model = LlamaModel::new(loaded.config, loaded.weights).expect("build model");
+    let model = CpuModel::new(loaded.config, loaded.weights).expect("build model");
     assert!(model.is_quantized(), "File must keep the K-quant matrices");
     let prompts: Vec<Vec<u32>> = golden.cases.iter().map(|c| c.prompt_ids.clone()).collect();
     let mut exec = CpuExecutor::new(model, 64, 0, 16).expect("executor");

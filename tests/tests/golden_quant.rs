@@ -11,7 +11,7 @@
 //! f32 did not fix it). The default two-level activations pass 8 of 8.
 
 use engine::executor::cpu::CpuExecutor;
-use engine::model::LlamaModel;
+use engine::model::CpuModel;
 use integration_tests::{default_model_path, greedy_batch, load_golden, Decoded};
 use model_loader::WeightTypes;
 
@@ -19,7 +19,7 @@ const NEAR_TIE: f64 = 0.1;
 
 fn decode(types: WeightTypes, prompts: &[Vec<u32>], n: usize) -> (Vec<Decoded>, bool) {
     let loaded = model_loader::load_model_with(&default_model_path(), types).expect("load SmolLM2");
-    let model = LlamaModel::new(loaded.config, loaded.weights).expect("build model");
+    let model = CpuModel::new(loaded.config, loaded.weights).expect("build model");
     let quantized = model.is_quantized();
     let mut exec = CpuExecutor::new(model, 64, 0, 16).expect("executor");
     (greedy_batch(&mut exec, prompts, n), quantized)

@@ -3,7 +3,7 @@
 //! file (Q/K rows permuted as llama.cpp does) and the HF directory.
 
 use engine::executor::cpu::CpuExecutor;
-use engine::model::LlamaModel;
+use engine::model::CpuModel;
 use integration_tests::{compare_with_golden, default_model_path, greedy_batch, load_golden};
 use std::path::Path;
 
@@ -17,7 +17,7 @@ fn check_layout(path: &Path) {
             .expect("encode");
         assert_eq!(ids, case.prompt_ids, "tokenizer of {}", path.display());
     }
-    let model = LlamaModel::new(loaded.config, loaded.weights).expect("build model");
+    let model = CpuModel::new(loaded.config, loaded.weights).expect("build model");
     let prompts: Vec<Vec<u32>> = golden.cases.iter().map(|c| c.prompt_ids.clone()).collect();
     let mut exec = CpuExecutor::new(model, 64, 0, 16).expect("executor");
     let ours = greedy_batch(&mut exec, &prompts, golden.new_tokens);

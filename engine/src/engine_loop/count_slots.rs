@@ -20,8 +20,9 @@
 //! - growing the table (the executor reallocates it zeroed) forgets every
 //!   slot's counts;
 //! - after a step that did not draw on the device, its rows' counts are
-//!   forgotten; if it returned logits instead, the executor has no device
-//!   draw and penalized rows stay on the logits path from then on.
+//!   forgotten;
+//! - an executor without count slots (`Capabilities::count_slots`) is
+//!   never given one: its penalized rows take the logits path.
 //!
 //! Cost: O(1) per row with penalties, plus O(slots) liveness checks when a
 //! new sequence finds no free slot, plus the refills (O(tokens) each).
@@ -53,14 +54,22 @@ pub(super) struct CountSlots {
     capacity: u32,
     /// The sequences of the launched step's rows that hold a slot.
     in_flight: Vec<SeqKey>,
-    /// The executor draws nothing on the device: no more slots.
-    unsupported: bool,
+    /// The executor keeps count slots.
+    supported: bool,
 }
 
 impl CountSlots {
+    /// The table of an executor that keeps count slots (`supported`) or not.
+    pub(super) fn new(supported: bool) -> Self {
+        Self {
+            supported,
+            ..Self::default()
+        }
+    }
+
     /// Whether penalized rows may be drawn on the device.
     pub(super) fn supported(&self) -> bool {
-        !self.unsupported
+        self.supported
     }
 
     /// Slots the executor's table must hold.
@@ -134,13 +143,9 @@ impl CountSlots {
     }
 
     /// The launched step is answered: `drew` when the executor drew its rows
-    /// on the device; `logits` when it returned logits instead (it has no
-    /// device draw).
-    pub(super) fn step_done(&mut self, drew: bool, logits: bool) {
+    /// on the device.
+    pub(super) fn step_done(&mut self, drew: bool) {
         if !drew {
-            if logits && !self.in_flight.is_empty() {
-                self.unsupported = true;
-            }
             for k in &self.in_flight {
                 if let Some(o) = self.owners.get_mut(k) {
                     o.device_len = None;
@@ -161,31 +166,31 @@ mod tests {
 
     #[test]
     fn a_slot_is_filled_once_then_follows_its_draws() {
-        let mut s = CountSlots::default();
+        let mut s = CountSlots::new(true);
         s.reserve(&[key(1)], |_| true);
         assert_eq!(s.capacity(), MIN_SLOTS);
         assert_eq!(s.claim(key(1), 5), Some((0, true)));
-        s.step_done(true, false);
+        s.step_done(true);
         assert_eq!(s.claim(key(1), 6), Some((0, false)));
-        s.step_done(true, false);
+        s.step_done(true);
         // A step drawn on the host: the next device draw refills.
         assert_eq!(s.claim(key(1), 8), Some((0, true)));
         // That step failed: refill again.
-        s.step_done(false, false);
+        s.step_done(false);
         assert_eq!(s.claim(key(1), 9), Some((0, true)));
-        s.step_done(true, false);
+        s.step_done(true);
         assert!(s.supported());
     }
 
     #[test]
     fn freed_slots_are_reused_and_growth_refills_everyone() {
-        let mut s = CountSlots::default();
+        let mut s = CountSlots::new(true);
         let keys: Vec<SeqKey> = (0..8).map(key).collect();
         s.reserve(&keys, |_| true);
         for (i, k) in keys.iter().enumerate() {
             assert_eq!(s.claim(*k, 3), Some((i as u32, true)));
         }
-        s.step_done(true, false);
+        s.step_done(true);
         assert_eq!(s.claim(key(100), 3), None, "the table is full");
         // Full: the dead sequence's slot is freed for the new one.
         s.reserve(&[key(100)], |k| k.0 != RequestId(2));
@@ -196,15 +201,12 @@ mod tests {
         assert_eq!(s.capacity(), 2 * MIN_SLOTS);
         // Grown: the old owners' counts are gone.
         assert_eq!(s.claim(key(0), 4), Some((0, true)));
-        s.step_done(true, false);
+        s.step_done(true);
     }
 
     #[test]
-    fn logits_for_a_device_step_mean_no_device_draw() {
-        let mut s = CountSlots::default();
-        s.reserve(&[key(1)], |_| true);
-        s.claim(key(1), 2);
-        s.step_done(false, true);
-        assert!(!s.supported());
+    fn an_executor_without_count_slots_is_never_given_one() {
+        assert!(!CountSlots::new(false).supported());
+        assert!(CountSlots::new(true).supported());
     }
 }

@@ -21,7 +21,9 @@
 
 use super::{EngineStats, LlmEngine, RequestOutput};
 use crate::error::EngineError;
-use crate::scheduler::{validate_request, FinishReason, RequestId, RequestParams, SchedulerConfig};
+use crate::scheduler::{
+    validate_request, FinishReason, RequestId, RequestParams, SchedulerConfig, ValidRequest,
+};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -72,8 +74,7 @@ pub enum ShutdownMode {
 enum Command {
     Add {
         id: RequestId,
-        prompt: Vec<u32>,
-        params: Box<RequestParams>,
+        request: Box<ValidRequest>,
         tx: StreamTx<StreamItem>,
     },
     Abort(RequestId),
@@ -122,7 +123,10 @@ impl EngineHandle {
         let thread = std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || EngineThread::new(engine, rx, thread_shared, config).run())
-            .map_err(|e| EngineError::InvalidConfig(format!("cannot start engine thread: {e}")))?;
+            .map_err(|e| EngineError::Thread {
+                what: "engine",
+                source: crate::error::cause(e),
+            })?;
         Ok(Self {
             inner: Arc::new(Inner {
                 tx,
@@ -147,7 +151,7 @@ impl EngineHandle {
         if !inner.shared.accepting.load(Ordering::Acquire) {
             return Err(EngineError::ShutDown);
         }
-        validate_request(&inner.scheduler, inner.capacity_tokens, &prompt, &params)?;
+        let request = validate_request(&inner.scheduler, inner.capacity_tokens, prompt, params)?;
         let queued = inner.shared.queued.fetch_add(1, Ordering::AcqRel) + 1;
         let waiting = queued + inner.shared.waiting.load(Ordering::Acquire);
         if waiting > inner.config.max_waiting {
@@ -161,8 +165,7 @@ impl EngineHandle {
         let (tx, rx) = channel(inner.config.stream_capacity.max(1));
         let cmd = Command::Add {
             id,
-            prompt,
-            params: Box::new(params),
+            request: Box::new(request),
             tx,
         };
         if inner.tx.send(cmd).is_err() {
@@ -175,6 +178,14 @@ impl EngineHandle {
             tx: inner.tx.clone(),
             done: false,
         })
+    }
+
+    /// Runs the validation [`EngineHandle::add_request`] runs, without
+    /// queueing anything.
+    pub fn validate(&self, prompt: Vec<u32>, params: RequestParams) -> Result<(), EngineError> {
+        let inner = &self.inner;
+        validate_request(&inner.scheduler, inner.capacity_tokens, prompt, params)?;
+        Ok(())
     }
 
     /// Aborts a request; its stream ends with a `finish_reason` of abort.
@@ -444,18 +455,13 @@ impl EngineThread {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Add {
-                id,
-                prompt,
-                params,
-                tx,
-            } => {
+            Command::Add { id, request, tx } => {
                 self.shared.queued.fetch_sub(1, Ordering::AcqRel);
                 if self.shutdown.is_some() {
                     let _ = tx.try_send(Err(EngineError::ShutDown));
                     return;
                 }
-                match self.engine.add_request(id, prompt, *params) {
+                match self.engine.add_valid_request(id, *request) {
                     Ok(()) => {
                         self.streams.insert(id, Slot::new(tx));
                     }

@@ -1,5 +1,5 @@
 //! A step drawn partly on the device: the executor's answer to
-//! `DevicePath::Sampled`, checked against the schedule and, when some rows
+//! `Sampling::Device`, checked against the schedule and, when some rows
 //! are drawn by the host (beam search, a group's forking draws, prompt
 //! rows: `DeviceDraws::host_rows`), completed from the logits of those rows
 //! only.
@@ -11,23 +11,22 @@
 //! and the prompt rows are the last of them. Cost: O(host rows x vocab) on
 //! the host, nothing for device rows.
 
-use super::postprocess::{Drawn, Sampled};
 use super::LlmEngine;
 use crate::error::EngineError;
-use crate::executor::Logits;
+use crate::executor::{ExecError, Logits};
 use crate::sampler::device::DeviceOut;
 use crate::sampler::SampleOut;
-use crate::scheduler::SchedulerOutput;
+use crate::scheduler::{Draw, Drawn, SchedulerOutput, StepOutcome};
 use std::collections::HashMap;
 
 impl LlmEngine {
     /// The executor's device draws of `sched` (see the module docs).
-    pub(super) fn device_result(&mut self, sched: &SchedulerOutput, out: DeviceOut) -> Sampled {
+    pub(super) fn device_result(&self, sched: &SchedulerOutput, out: DeviceOut) -> StepOutcome {
         let targets = sched.targets.len();
         let rows = targets + sched.prompt_targets.len();
         match out.logits {
             None if out.rows.len() == targets && sched.prompt_targets.is_empty() => {
-                Sampled::Device(out.rows)
+                StepOutcome::Device(out.rows)
             }
             Some(logits)
                 if out.rows.len() == rows
@@ -36,12 +35,12 @@ impl LlmEngine {
             {
                 self.mixed(sched, out.rows, &out.host_rows, logits)
             }
-            _ => Sampled::Failed(EngineError::Executor(format!(
+            _ => StepOutcome::Failed(EngineError::Executor(ExecError::WrongAnswer(format!(
                 "{} device rows and {} host rows for {targets} sampled and {} prompt rows",
                 out.rows.len(),
                 out.host_rows.len(),
                 sched.prompt_targets.len()
-            ))),
+            )))),
         }
     }
 
@@ -49,14 +48,14 @@ impl LlmEngine {
     /// `logits` (the host rows' logits, in `host_rows` order), the other
     /// rows taken from `device`.
     fn mixed(
-        &mut self,
+        &self,
         sched: &SchedulerOutput,
         device: Vec<SampleOut>,
         host_rows: &[u32],
         logits: Logits,
-    ) -> Sampled {
+    ) -> StepOutcome {
         let first_prompt = host_rows.len() - sched.prompt_targets.len();
-        self.apply_prompt_rows(sched, &logits, first_prompt);
+        let prompt = self.prompt_entries(sched, &logits, first_prompt);
         let at: HashMap<usize, usize> = host_rows
             .iter()
             .enumerate()
@@ -65,10 +64,7 @@ impl LlmEngine {
         let (draws, beams) = self.plan_draws(&sched.targets);
         let host: Vec<_> = draws
             .iter()
-            .filter_map(|d| {
-                at.get(&d.row)
-                    .map(|&k| super::postprocess::Draw { row: k, ..*d })
-            })
+            .filter_map(|d| at.get(&d.row).map(|&k| Draw { row: k, ..*d }))
             .collect();
         let mut host_drawn = self.run_draws(&host, &logits, &[]).into_iter();
         let mut device = device.into_iter().map(Some).collect::<Vec<_>>();
@@ -82,17 +78,15 @@ impl LlmEngine {
                 }
             })
             .collect();
-        let beams = beams
+        let beams: Vec<_> = beams
             .into_iter()
             .filter_map(|(row, t)| at.get(&row).map(|&k| (k, t)))
             .collect();
-        Sampled::Drawn(
-            Drawn {
-                draws,
-                sampled,
-                beams,
-            },
-            logits,
-        )
+        StepOutcome::Drawn(Drawn {
+            draws,
+            sampled,
+            beams: self.beam_candidates(&beams, &logits),
+            prompt,
+        })
     }
 }

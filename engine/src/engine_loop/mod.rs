@@ -15,7 +15,10 @@
 //!   pass runs (they depend only on tokens already known), see
 //!   [`crate::grammar`];
 //! - a step's results change sequences in one place,
-//!   `postprocess::commit_step`, after `sample_step` drew every row;
+//!   `Scheduler::update_from_output`, after `sample` drew every row into
+//!   a `StepOutcome` (this loop never changes a sequence itself);
+//! - the path of each step's draws is chosen up front from the executor's
+//!   declared `Capabilities` (`sample::sampling`);
 //! - with `SchedulerConfig::async_scheduling` the next step is scheduled and
 //!   launched before this one's tokens are appended (`overlap`): the same
 //!   outputs, a placeholder token for at most one `step` call.
@@ -25,30 +28,27 @@
 //! with constrained rows, max(forward, masks) instead of the forward pass
 //! alone, plus O(vocab) per constrained or biased row to copy and mask it.
 
-mod beam;
 mod count_slots;
 mod handle;
 mod mixed;
-mod output;
 mod overlap;
-mod postprocess;
+mod sample;
 
 pub use crate::sampler::PromptLogprob;
+pub use crate::scheduler::{RequestOutput, SeqOutput};
 pub use handle::{EngineHandle, HandleConfig, RequestStream, ShutdownMode};
-pub use output::{RequestOutput, SeqOutput};
 
 use crate::error::EngineError;
-use crate::executor::{ExecError, Executor};
+use crate::executor::{Capabilities, ExecError, Executor, Sampling, StepOutput};
 use crate::grammar::state::{GrammarStates, MaskWork};
 use crate::grammar::Mask;
 use crate::kv::{KvCacheManager, KvStats};
 use crate::scheduler::{
-    FinishReason, RequestId, RequestParams, SampleTarget, Scheduler, SchedulerConfig,
-    SchedulerOutput, SchedulerStats,
+    validate_request, Ahead, Outputs, RequestId, RequestParams, SampleTarget, Scheduler,
+    SchedulerConfig, SchedulerOutput, SchedulerStats, ValidRequest,
 };
 pub use overlap::OverlapStats;
-use overlap::{ExecWorker, InFlight, Runner, StepResult};
-use std::collections::HashMap;
+use overlap::{ExecWorker, InFlight, Runner};
 use std::time::{Duration, Instant};
 
 /// Engine configuration beyond the KV cache (which is built by the caller).
@@ -94,7 +94,8 @@ pub struct LlmEngine {
     /// Asynchronous scheduling: the step the executor is running.
     in_flight: Option<InFlight>,
     overlap: OverlapStats,
-    eos_token_ids: Vec<u32>,
+    /// What the executor can do beyond returning logits.
+    caps: Capabilities,
     timings: StepTimings,
     grammars: GrammarStates,
     /// Rows of the executor's token-count table (device penalties).
@@ -123,33 +124,49 @@ impl LlmEngine {
                 stats.total_blocks, stats.cpu_total_blocks
             )));
         }
+        let caps = executor.capabilities();
         let runner = if config.scheduler.async_scheduling {
             Runner::Worker(ExecWorker::spawn(executor)?)
         } else {
             Runner::Direct(executor)
         };
         Ok(Self {
-            scheduler: Scheduler::new(config.scheduler)?,
+            scheduler: Scheduler::new(config.scheduler)?.with_eos_token_ids(config.eos_token_ids),
             kv,
             runner,
             in_flight: None,
             overlap: OverlapStats::default(),
-            eos_token_ids: config.eos_token_ids,
+            caps,
             timings: StepTimings::default(),
             grammars: GrammarStates::default(),
-            count_slots: count_slots::CountSlots::default(),
+            count_slots: count_slots::CountSlots::new(caps.count_slots),
         })
     }
 
-    /// Queues a request; refuses at once what can never run.
+    /// Validates and queues a request; refuses at once what can never run.
     pub fn add_request(
         &mut self,
         request_id: RequestId,
         prompt: Vec<u32>,
         params: RequestParams,
     ) -> Result<(), EngineError> {
+        let valid = validate_request(
+            self.scheduler.config(),
+            self.kv_capacity_tokens(),
+            prompt,
+            params,
+        )?;
+        self.add_valid_request(request_id, valid)
+    }
+
+    /// Queues a request validated already (by [`EngineHandle::add_request`]).
+    pub fn add_valid_request(
+        &mut self,
+        request_id: RequestId,
+        request: ValidRequest,
+    ) -> Result<(), EngineError> {
         self.scheduler
-            .add_request(self.kv.as_ref(), request_id, prompt, params)
+            .add_request(self.kv.as_ref(), request_id, request)
     }
 
     /// Aborts a request wherever it is; its blocks are freed at once.
@@ -202,26 +219,21 @@ impl LlmEngine {
         push_refused(&sched, &mut outs);
         if sched.is_empty() {
             self.timings.schedule += t1 - t0;
-            return outs.list;
+            return outs.into_list();
         }
-        // Draws made by the executor where the logits are (on a GPU only
-        // ids and logprobs leave the device); `None`: it ran nothing.
-        let path = self.device_path(&sched);
-        let device = self.runner.direct().and_then(|e| {
-            postprocess::run_on_device(e, &sched.ops, &sched.batch, &path).transpose()
-        });
-        let (result, masks) = match device {
-            Some(r) => (r.map(StepResult::Device), Vec::new()),
-            None => {
-                let (r, masks) = self.execute_with_masks(&sched);
-                (r.map(StepResult::Logits), masks)
-            }
-        };
+        let sampling = self.sampling(&sched);
+        let (result, masks) = self.execute_with_masks(&sched, &sampling);
         let t2 = Instant::now();
-        let sampled = self.sample_step(&sched, result, &masks);
-        self.commit_step(&sched, sampled, &mut outs);
+        let outcome = self.sample(&sched, result, &masks);
+        self.scheduler.update_from_output(
+            self.kv.as_mut(),
+            &sched,
+            outcome,
+            &Ahead::none(),
+            &mut outs,
+        );
         self.record_timings(t0, t1, t2);
-        outs.list
+        outs.into_list()
     }
 
     /// Adds one step's schedule / execute / postprocess times (now is the end).
@@ -233,25 +245,25 @@ impl LlmEngine {
         self.timings.steps += 1;
     }
 
-    /// Runs the forward pass; meanwhile, on a second thread, the grammar
-    /// masks of the constrained rows. Returns the logits and one mask slot
-    /// per sampled row.
+    /// Runs the step; meanwhile, on a second thread, the grammar masks of
+    /// the constrained rows (such rows are always drawn on the host).
+    /// Returns the executor's answer and one mask slot per sampled row.
     fn execute_with_masks(
         &mut self,
         sched: &SchedulerOutput,
-    ) -> (
-        Result<crate::executor::Logits, crate::executor::ExecError>,
-        Vec<Option<Mask>>,
-    ) {
+        sampling: &Sampling,
+    ) -> (Result<StepOutput, ExecError>, Vec<Option<Mask>>) {
         let scheduler = &self.scheduler;
         let grammars = &mut self.grammars;
         let work = mask_work(scheduler, grammars, &sched.targets);
         let Some(executor) = self.runner.direct() else {
-            let e = ExecError::Device("the executor runs on its worker thread".into());
-            return (Err(e), Vec::new());
+            return (Err(ExecError::WorkerStopped), Vec::new());
         };
         if work.is_empty() {
-            return (executor.execute(&sched.ops, &sched.batch), Vec::new());
+            return (
+                executor.execute(&sched.ops, &sched.batch, sampling),
+                Vec::new(),
+            );
         }
         let (result, computed, spent, waited) = std::thread::scope(|s| {
             let h = s.spawn(|| {
@@ -259,7 +271,7 @@ impl LlmEngine {
                 let m = grammars.compute_masks(&work);
                 (m, t.elapsed())
             });
-            let result = executor.execute(&sched.ops, &sched.batch);
+            let result = executor.execute(&sched.ops, &sched.batch, sampling);
             let t = Instant::now();
             let (computed, spent) = h.join().unwrap_or_else(|_| (Vec::new(), Duration::ZERO));
             (result, computed, spent, t.elapsed())
@@ -269,17 +281,6 @@ impl LlmEngine {
         self.timings.mask_wait += waited;
         self.timings.mask_steps += 1;
         (result, masks)
-    }
-
-    /// Aborts every request the failed step touched.
-    fn fail_step(&mut self, sched: &SchedulerOutput, error: EngineError, outs: &mut Outputs) {
-        tracing::error!(%error, "step failed; aborting its requests");
-        let touched = sched.scheduled.iter().chain(&sched.preempted);
-        for &id in touched {
-            if self.scheduler.abort(self.kv.as_mut(), id).is_some() {
-                outs.push_failed(id, error.clone());
-            }
-        }
     }
 }
 
@@ -340,80 +341,5 @@ fn place_masks(
 fn push_refused(sched: &SchedulerOutput, outs: &mut Outputs) {
     for (id, e) in &sched.refused {
         outs.push_failed(*id, e.clone());
-    }
-}
-
-/// Why a sequence that just got `token` stops, if it does.
-fn finish_reason(
-    params: &RequestParams,
-    eos: &[u32],
-    token: u32,
-    output_len: usize,
-    total_len: usize,
-    max_model_len: usize,
-) -> Option<FinishReason> {
-    if params.stop_token_ids.contains(&token) || (!params.ignore_eos && eos.contains(&token)) {
-        Some(FinishReason::Stop)
-    } else if params.max_tokens.is_some_and(|m| output_len >= m) || total_len >= max_model_len {
-        Some(FinishReason::Length)
-    } else {
-        None
-    }
-}
-
-/// Outputs of one step in first-touched order.
-#[derive(Default)]
-struct Outputs {
-    list: Vec<RequestOutput>,
-    index: HashMap<RequestId, usize>,
-}
-
-impl Outputs {
-    fn get(&mut self, id: RequestId) -> &mut RequestOutput {
-        let i = *self.index.entry(id).or_insert_with(|| {
-            self.list.push(RequestOutput::new(id));
-            self.list.len() - 1
-        });
-        &mut self.list[i]
-    }
-
-    fn push_failed(&mut self, id: RequestId, error: EngineError) {
-        *self.get(id) = RequestOutput::failed(id, error);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finish_rules() {
-        let p = RequestParams {
-            max_tokens: Some(3),
-            stop_token_ids: vec![7],
-            ..RequestParams::default()
-        };
-        assert_eq!(
-            finish_reason(&p, &[2], 2, 1, 5, 100),
-            Some(FinishReason::Stop)
-        );
-        assert_eq!(
-            finish_reason(&p, &[2], 7, 1, 5, 100),
-            Some(FinishReason::Stop)
-        );
-        assert_eq!(finish_reason(&p, &[2], 5, 1, 5, 100), None);
-        assert_eq!(
-            finish_reason(&p, &[2], 5, 3, 5, 100),
-            Some(FinishReason::Length)
-        );
-        assert_eq!(
-            finish_reason(&p, &[2], 5, 1, 100, 100),
-            Some(FinishReason::Length)
-        );
-        let ignore = RequestParams {
-            ignore_eos: true,
-            ..p
-        };
-        assert_eq!(finish_reason(&ignore, &[2], 2, 1, 5, 100), None);
     }
 }

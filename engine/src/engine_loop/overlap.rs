@@ -3,27 +3,22 @@
 //! runs step N the engine schedules step N+1.
 //!
 //! One `step` call with step N in flight:
-//! 1. each speculable sequence of N gets a placeholder for the token N is
-//!    about to draw, and step N+1 is scheduled (its slot reserved ahead);
-//! 2. N's answer arrives; its rows are drawn (no sequence changes yet) and
-//!    the placeholders removed;
-//! 3. each drawn token is written over its placeholder in N+1's input ids and
-//!    in the KV cache manager's record, and N+1 is launched;
-//! 4. while N+1 runs: N's tokens are appended (finishes, frees, outputs),
-//!    then N+1's grammar masks are computed (they need N's tokens).
+//! 1. step N+1 is scheduled ahead of N's draws (`Scheduler::schedule_ahead`:
+//!    each plain sequence of N computed one token further, at a
+//!    placeholder);
+//! 2. N's answer arrives and is sampled (no sequence changes);
+//! 3. each drawn token is written over its placeholder in N+1's input ids
+//!    (`Ahead::patch`), and N+1 is launched;
+//! 4. while N+1 runs: `Scheduler::update_from_output` applies N (the KV
+//!    cache manager's placeholders replaced, tokens appended, finishes,
+//!    frees, outputs), then N+1's grammar masks are computed (they need
+//!    N's tokens).
 //!
 //! (The first call, with nothing in flight, schedules and launches N first.)
 //!
 //! Invariants:
-//! - a placeholder lives only inside one `step` call: the scheduler's copy is
-//!   gone before N's results are applied, the KV cache manager's before N+1
-//!   is launched; a sequence left with `num_computed_tokens > tokens.len()`
-//!   (no token drawn for it) is aborted;
-//! - a placeholder never completes a block while the KV cache manager hashes
-//!   block contents (`KvCacheManager::hashes_tokens`): that sequence sits
-//!   N+1 out and runs again in N+2;
 //! - a row of N+1 whose sequence finished, or was aborted, at N is stale
-//!   (`LlmEngine::is_live`) and its draw is dropped. Its blocks are freed at
+//!   (`Scheduler::is_live`) and its draw is dropped. Its blocks are freed at
 //!   once; the worker runs steps in order, so the row's K/V write into a
 //!   freed slot happens before any later step that could reuse the block;
 //! - outputs equal the synchronous loop's: a draw depends only on its
@@ -31,29 +26,19 @@
 //!   only on its own sequence (the invariance tests check both), so the
 //!   different batch composition changes nothing.
 //!
-//! Not speculated (such a sequence skips N+1 and runs again in N+2; a step
-//! with only these is a synchronous step): beam search (beams fork and die
-//! at commit), a group about to fork (n > 1 or best_of > 1, after its
-//! prompt row), prompt_logprobs, a token that will end the sequence by
-//! length, and a placeholder that would complete a hashed block.
+//! What is not scheduled ahead, and why: see `scheduler::ahead`.
 //!
 //! Cost: two channel messages per step and one `HashMap` of the step's rows;
-//! host work of N+1's schedule and of N's postprocess overlaps the executor.
+//! host work of N+1's schedule and of N's update overlaps the executor.
 
-use super::postprocess::{needs_fork, run_on_device, DevicePath};
-use super::{mask_work, place_masks, push_refused, LlmEngine, Outputs, RequestOutput};
+use super::{mask_work, place_masks, push_refused, LlmEngine, RequestOutput};
 use crate::error::EngineError;
-use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch, Logits};
+use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch, Sampling, StepOutput};
 use crate::grammar::Mask;
-use crate::scheduler::{RequestId, SampleTarget, SchedulerOutput, SeqStatus, SequenceGroup};
-use std::collections::HashMap;
+use crate::scheduler::{Outputs, SampleTarget, SchedulerOutput};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::Instant;
-
-/// Token id standing in for a draw not known yet. Any valid id: a stale row
-/// still runs through the model.
-const PLACEHOLDER: u32 = 0;
 
 /// How much asynchronous scheduling ran ahead (zero in the synchronous loop).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -64,14 +49,6 @@ pub struct OverlapStats {
     pub seqs_ahead: u64,
     /// Rows computed for a sequence that had finished by then, and dropped.
     pub stale_rows: u64,
-}
-
-/// What the executor answered for one step.
-pub(super) enum StepResult {
-    /// Each sampled row's draw made by the executor (`DevicePath`), with
-    /// the logits of the rows the host draws (a mixed step).
-    Device(crate::sampler::device::DeviceOut),
-    Logits(Logits),
 }
 
 /// Where the executor runs.
@@ -96,14 +73,13 @@ impl Runner {
 struct Job {
     ops: BlockOps,
     batch: ForwardBatch,
-    /// Whether the executor may draw the rows itself (tried first).
-    path: DevicePath,
+    sampling: Sampling,
 }
 
 /// A thread that owns the executor and runs the steps it is sent, in order.
 pub(super) struct ExecWorker {
     jobs: Option<Sender<Job>>,
-    results: Receiver<Result<StepResult, ExecError>>,
+    results: Receiver<Result<StepOutput, ExecError>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -115,13 +91,15 @@ impl ExecWorker {
             .name("executor".into())
             .spawn(move || {
                 for job in job_rx {
-                    if result_tx.send(run_job(executor.as_mut(), &job)).is_err() {
+                    let result = executor.execute(&job.ops, &job.batch, &job.sampling);
+                    if result_tx.send(result).is_err() {
                         break;
                     }
                 }
             })
-            .map_err(|e| {
-                EngineError::InvalidConfig(format!("cannot start the executor thread: {e}"))
+            .map_err(|e| EngineError::Thread {
+                what: "executor",
+                source: crate::error::cause(e),
             })?;
         Ok(Self {
             jobs: Some(jobs),
@@ -138,10 +116,10 @@ impl ExecWorker {
     }
 
     /// The answer of the oldest submitted step.
-    fn wait(&self) -> Result<StepResult, ExecError> {
+    fn wait(&self) -> Result<StepOutput, ExecError> {
         self.results
             .recv()
-            .unwrap_or_else(|_| Err(ExecError::Device("the executor thread stopped".into())))
+            .unwrap_or_else(|_| Err(ExecError::WorkerStopped))
     }
 }
 
@@ -154,32 +132,10 @@ impl Drop for ExecWorker {
     }
 }
 
-fn run_job(executor: &mut dyn Executor, job: &Job) -> Result<StepResult, ExecError> {
-    if let Some(rows) = run_on_device(executor, &job.ops, &job.batch, &job.path)? {
-        return Ok(StepResult::Device(rows));
-    }
-    executor
-        .execute(&job.ops, &job.batch)
-        .map(StepResult::Logits)
-}
-
 /// The step the worker is running (its batch and block ops moved out).
 pub(super) struct InFlight {
     sched: SchedulerOutput,
     masks: Vec<Option<Mask>>,
-}
-
-/// A sequence of the running step given a placeholder at `pos`.
-struct Spec {
-    request_id: RequestId,
-    seq_index: usize,
-    pos: usize,
-}
-
-/// Whether a group's sequences may be scheduled ahead of their draw.
-fn speculable(g: &SequenceGroup) -> bool {
-    let p = &g.params.sampling;
-    !p.use_beam_search && p.prompt_logprobs.is_none() && !needs_fork(g)
 }
 
 impl LlmEngine {
@@ -192,58 +148,57 @@ impl LlmEngine {
             push_refused(&sched, &mut outs);
             if sched.is_empty() {
                 self.timings.schedule += t0.elapsed();
-                return outs.list;
+                return outs.into_list();
             }
             self.launch(sched);
             self.mask_in_flight();
         }
         let Some(prev) = self.in_flight.take() else {
-            return outs.list;
+            return outs.into_list();
         };
-        let specs = self.push_placeholders(&prev.sched.targets);
-        let mut next = self.scheduler.schedule(self.kv.as_mut());
+        let (mut next, mut ahead) = self
+            .scheduler
+            .schedule_ahead(self.kv.as_mut(), &prev.sched.targets);
         push_refused(&next, &mut outs);
         self.overlap.steps_ahead += u64::from(!next.is_empty());
-        self.overlap.seqs_ahead += specs.len() as u64;
+        self.overlap.seqs_ahead += ahead.len() as u64;
         let t1 = Instant::now();
         let result = match &self.runner {
             Runner::Worker(w) => w.wait(),
-            Runner::Direct(_) => Err(ExecError::Device("no executor thread".into())),
+            Runner::Direct(_) => Err(ExecError::WorkerStopped),
         };
         let t2 = Instant::now();
-        self.pop_placeholders(&specs);
-        self.overlap.stale_rows += prev
-            .sched
-            .targets
-            .iter()
-            .filter(|t| !self.is_live(t))
-            .count() as u64;
-        let sampled = self.sample_step(&prev.sched, result, &prev.masks);
-        let tokens = sampled.tokens(&prev.sched.targets);
-        let broken = self.patch_next(&specs, &tokens, &mut next);
+        self.overlap.stale_rows += stale_rows(self, &prev.sched.targets);
+        let outcome = self.sample(&prev.sched, result, &prev.masks);
+        ahead.patch(&outcome.tokens(&prev.sched.targets), &mut next);
         let launched = !next.is_empty();
         if launched {
             self.launch(next);
         }
-        self.commit_step(&prev.sched, sampled, &mut outs);
-        self.abort_unpatched(&specs, broken, &mut outs);
+        self.scheduler.update_from_output(
+            self.kv.as_mut(),
+            &prev.sched,
+            outcome,
+            &ahead,
+            &mut outs,
+        );
         if launched {
             // N's tokens are appended now: the masks of N+1 may see them.
             self.mask_in_flight();
         }
         self.record_timings(t0, t1, t2);
-        outs.list
+        outs.into_list()
     }
 
     /// Sends a step to the worker (its masks come later, see
     /// [`Self::mask_in_flight`]).
     fn launch(&mut self, mut sched: SchedulerOutput) {
         // Before the batch is moved out: a refill may read its input ids.
-        let path = self.device_path(&sched);
+        let sampling = self.sampling(&sched);
         let job = Job {
             ops: std::mem::take(&mut sched.ops),
             batch: std::mem::take(&mut sched.batch),
-            path,
+            sampling,
         };
         if let Runner::Worker(w) = &self.runner {
             w.submit(job);
@@ -281,125 +236,12 @@ impl LlmEngine {
         self.timings.mask_steps += 1;
         masks
     }
+}
 
-    /// Gives each speculable sequence of the running step a placeholder for
-    /// the token it is drawing, so the next schedule computes it.
-    fn push_placeholders(&mut self, targets: &[SampleTarget]) -> Vec<Spec> {
-        let hashed = self.kv.hashes_tokens();
-        let bs = self.kv.block_size();
-        let max_model_len = self.scheduler.config().max_model_len;
-        let mut specs = Vec::new();
-        for t in targets {
-            let Some(g) = self.scheduler.group_mut(t.request_id) else {
-                continue;
-            };
-            if !speculable(g) {
-                continue;
-            }
-            let max_tokens = g.params.max_tokens;
-            let Some(seq) = g.seqs.get_mut(t.seq_index) else {
-                continue;
-            };
-            let len = seq.tokens.len();
-            let caught_up = len == t.num_tokens && seq.num_computed_tokens == len;
-            if seq.status != SeqStatus::Running || !caught_up {
-                continue;
-            }
-            let ends = max_tokens.is_some_and(|m| len + 1 - seq.prompt_len >= m)
-                || len + 1 >= max_model_len;
-            if ends || (hashed && (len + 1).is_multiple_of(bs)) {
-                continue;
-            }
-            seq.tokens.push(PLACEHOLDER);
-            specs.push(Spec {
-                request_id: t.request_id,
-                seq_index: t.seq_index,
-                pos: len,
-            });
-        }
-        specs
-    }
-
-    /// Removes the placeholders from the scheduler's sequences (the running
-    /// step's rows are then drawn on the true histories).
-    fn pop_placeholders(&mut self, specs: &[Spec]) {
-        for s in specs {
-            let seq = self
-                .scheduler
-                .group_mut(s.request_id)
-                .and_then(|g| g.seqs.get_mut(s.seq_index));
-            if let Some(seq) = seq.filter(|q| q.tokens.len() == s.pos + 1) {
-                seq.tokens.pop();
-            }
-        }
-    }
-
-    /// Writes each drawn token over its placeholder in `next`'s input ids
-    /// and in the KV cache manager. Returns the groups whose manager refused.
-    fn patch_next(
-        &mut self,
-        specs: &[Spec],
-        tokens: &HashMap<(RequestId, usize), u32>,
-        next: &mut SchedulerOutput,
-    ) -> Vec<(RequestId, EngineError)> {
-        let rows: HashMap<(RequestId, usize), (usize, usize)> = next
-            .targets
-            .iter()
-            .enumerate()
-            .map(|(i, t)| ((t.request_id, t.seq_index), (i, t.num_tokens)))
-            .collect();
-        let mut broken = Vec::new();
-        for s in specs {
-            let key = (s.request_id, s.seq_index);
-            let (Some(&(i, n)), Some(&token)) = (rows.get(&key), tokens.get(&key)) else {
-                continue;
-            };
-            let Some(&row) = next.batch.logits_rows.get(i).filter(|_| n == s.pos + 1) else {
-                continue;
-            };
-            if let Some(slot) = next.batch.token_ids.get_mut(row) {
-                *slot = token;
-            }
-            let seq_id = self
-                .scheduler
-                .group(s.request_id)
-                .and_then(|g| g.seqs.get(s.seq_index))
-                .map(|q| q.id);
-            if let Some(id) = seq_id {
-                if let Err(e) = self.kv.replace_last_token(id, token) {
-                    broken.push((s.request_id, e.into()));
-                }
-            }
-        }
-        broken
-    }
-
-    /// Aborts the groups whose placeholder could not be replaced: the KV
-    /// cache manager refused, or no token was drawn for a sequence the next
-    /// step computes (its `num_computed_tokens` ran ahead of its tokens).
-    fn abort_unpatched(
-        &mut self,
-        specs: &[Spec],
-        broken: Vec<(RequestId, EngineError)>,
-        outs: &mut Outputs,
-    ) {
-        let mut failed = broken;
-        for s in specs {
-            let ahead = self
-                .scheduler
-                .group(s.request_id)
-                .and_then(|g| g.seqs.get(s.seq_index))
-                .is_some_and(|q| !q.is_finished() && q.num_computed_tokens > q.tokens.len());
-            if ahead {
-                let e = EngineError::Executor("no token was drawn for a scheduled sequence".into());
-                failed.push((s.request_id, e));
-            }
-        }
-        for (id, e) in failed {
-            tracing::error!(request = %id, error = %e, "overlapped step failed; aborting");
-            if self.scheduler.abort(self.kv.as_mut(), id).is_some() {
-                outs.push_failed(id, e);
-            }
-        }
-    }
+/// Rows computed for a sequence that finished (or changed) since.
+fn stale_rows(engine: &LlmEngine, targets: &[SampleTarget]) -> u64 {
+    targets
+        .iter()
+        .filter(|t| !engine.scheduler.is_live(t))
+        .count() as u64
 }

@@ -9,13 +9,13 @@
 
 pub mod generate;
 
-use super::{BlockOps, ExecError, Executor, ForwardBatch, Logits};
+use super::{BlockOps, Capabilities, ExecError, Executor, ForwardBatch, Sampling, StepOutput};
 use crate::kv::{BlockCopy, BlockId};
-use crate::model::{KvCache, KvDtype, LlamaModel};
+use crate::model::{CpuModel, KvCache, KvDtype};
 
-/// Runs a [`LlamaModel`] on the CPU over a paged KV cache.
+/// Runs a [`CpuModel`] on the CPU over a paged KV cache.
 pub struct CpuExecutor {
-    model: LlamaModel,
+    model: CpuModel,
     device: KvCache,
     host: KvCache,
 }
@@ -25,7 +25,7 @@ impl CpuExecutor {
     /// swap blocks of `block_size` tokens, K/V in [`KvDtype::auto`]'s type
     /// for the model (f16 when its weights stay quantized, else f32).
     pub fn new(
-        model: LlamaModel,
+        model: CpuModel,
         num_blocks: usize,
         num_cpu_blocks: usize,
         block_size: usize,
@@ -37,7 +37,7 @@ impl CpuExecutor {
     /// [`CpuExecutor::new`] with K/V kept in `dtype`. Pools are zeroed;
     /// memory is `(num_blocks + num_cpu_blocks) * bytes_per_block`.
     pub fn with_kv_dtype(
-        model: LlamaModel,
+        model: CpuModel,
         num_blocks: usize,
         num_cpu_blocks: usize,
         block_size: usize,
@@ -60,7 +60,7 @@ impl CpuExecutor {
     /// Sizes both pools from byte budgets (`--kv-cache-memory`, `--swap-space`):
     /// as many whole blocks of `dtype` as fit.
     pub fn with_memory_budget(
-        model: LlamaModel,
+        model: CpuModel,
         kv_cache_bytes: usize,
         swap_bytes: usize,
         block_size: usize,
@@ -82,7 +82,7 @@ impl CpuExecutor {
     }
 
     /// Bytes one block takes for `model` in `dtype` (all layers, K and V).
-    pub fn bytes_per_block(model: &LlamaModel, block_size: usize, dtype: KvDtype) -> usize {
+    pub fn bytes_per_block(model: &CpuModel, block_size: usize, dtype: KvDtype) -> usize {
         model
             .kv_geometry(1, block_size)
             .bytes_per_block(dtype.size())
@@ -94,7 +94,7 @@ impl CpuExecutor {
     }
 
     /// The model.
-    pub fn model(&self) -> &LlamaModel {
+    pub fn model(&self) -> &CpuModel {
         &self.model
     }
 
@@ -157,9 +157,27 @@ fn in_range(b: BlockId, n: usize) -> Result<(), ExecError> {
 }
 
 impl Executor for CpuExecutor {
-    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
+    fn capabilities(&self) -> Capabilities {
+        // The host draws from the logits the forward pass leaves in host
+        // memory: nothing to gain from a second path.
+        Capabilities::default()
+    }
+
+    fn execute(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        sampling: &Sampling,
+    ) -> Result<StepOutput, ExecError> {
+        if *sampling != Sampling::Host {
+            return Err(ExecError::InvalidConfig(
+                "the CPU executor returns logits; the host draws".into(),
+            ));
+        }
         self.apply_block_ops(ops)?;
-        self.model.forward(batch, &mut self.device)
+        Ok(StepOutput::Logits(
+            self.model.forward(batch, &mut self.device)?,
+        ))
     }
 
     fn vocab_size(&self) -> usize {

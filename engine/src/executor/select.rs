@@ -3,43 +3,14 @@
 //! `auto` takes CUDA when this build has the `cuda` feature and a driver and
 //! device answer, and otherwise the CPU, saying why in the returned
 //! description. `cuda` never falls back: without the feature or a driver it is
-//! an [`ExecError::Device`] naming the reason. Pool sizes: on the CPU from
+//! an [`ExecError::Gpu`] naming the reason. Pool sizes: on the CPU from
 //! byte budgets (or an exact block count); on CUDA from vLLM's
 //! `gpu_memory_utilization` profile (or an exact block count).
 
 use super::gpu::DType;
-use super::{CpuExecutor, ExecError, Executor, HostLayer, HostModel, HostWeights};
-use crate::model::{KvDtype, LlamaModel};
-
-/// The CPU model's weights as the GPU executor reads them: the one place
-/// where the CPU model meets the GPU executor. Quantized matrices show as
-/// empty slices (the upload refuses them): take [`LlamaModel::to_f32`] first.
-impl HostModel for LlamaModel {
-    fn host_weights(&self) -> HostWeights<'_> {
-        let w = self.weights();
-        HostWeights {
-            config: self.config(),
-            embedding: w.embedding,
-            final_norm: w.final_norm,
-            lm_head: w.lm_head,
-            layers: w
-                .layers
-                .iter()
-                .map(|l| HostLayer {
-                    attn_norm: l.attn_norm,
-                    qkv: l.qkv,
-                    qkv_bias: l.qkv_bias,
-                    o: l.o,
-                    ffn_norm: l.ffn_norm,
-                    gate_up: l.gate_up,
-                    down: l.down,
-                })
-                .collect(),
-            max_positions: w.rope.max_positions(),
-            cos_sin: w.rope.cos_sin_cache(),
-        }
-    }
-}
+use super::{BuildError, CpuExecutor, ExecError, Executor};
+use crate::model::{CpuModel, CpuSink, KvDtype, WeightSource};
+use model_loader::ModelConfig;
 
 /// Which executor runs the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -84,26 +55,40 @@ pub struct BuiltExecutor {
     pub description: String,
 }
 
-/// Builds the executor `req` asks for (see the module docs).
+/// Builds the executor `req` asks for (see the module docs), reading
+/// `config`'s model from `source` into the executor's own formats (a layer
+/// at a time: the GPU executor keeps no host copy).
 pub fn build_executor(
-    model: LlamaModel,
+    config: ModelConfig,
+    source: &mut dyn WeightSource,
     req: &ExecutorRequest,
-) -> Result<BuiltExecutor, ExecError> {
+) -> Result<BuiltExecutor, BuildError> {
     match req.device {
-        DeviceKind::Cpu => cpu(model, req, "cpu (--device cpu)".into()),
-        DeviceKind::Cuda => cuda(&model, req),
+        DeviceKind::Cpu => cpu(config, source, req, "cpu (--device cpu)".into()),
+        DeviceKind::Cuda => cuda(config, source, req),
         DeviceKind::Auto => match cuda_unavailable_reason() {
-            None => cuda(&model, req),
-            Some(why) => cpu(model, req, format!("cpu (--device auto: {why})")),
+            None => cuda(config, source, req),
+            Some(why) => cpu(config, source, req, format!("cpu (--device auto: {why})")),
         },
     }
 }
 
 fn cpu(
-    model: LlamaModel,
+    config: ModelConfig,
+    source: &mut dyn WeightSource,
     req: &ExecutorRequest,
     description: String,
-) -> Result<BuiltExecutor, ExecError> {
+) -> Result<BuiltExecutor, BuildError> {
+    let model = CpuModel::load(config, source, &mut CpuSink)?;
+    cpu_executor(model, req, description)
+}
+
+/// The CPU executor of a loaded model, its pools sized by `req`.
+pub fn cpu_executor(
+    model: CpuModel,
+    req: &ExecutorRequest,
+    description: String,
+) -> Result<BuiltExecutor, BuildError> {
     let kv_dtype = req
         .kv_cache_dtype
         .unwrap_or_else(|| KvDtype::auto(model.is_quantized()));
@@ -133,7 +118,11 @@ pub fn cuda_unavailable_reason() -> Option<String> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda(model: &LlamaModel, req: &ExecutorRequest) -> Result<BuiltExecutor, ExecError> {
+fn cuda(
+    config: ModelConfig,
+    source: &mut dyn WeightSource,
+    req: &ExecutorRequest,
+) -> Result<BuiltExecutor, BuildError> {
     use super::gpu::{cuda::CudaDevice, GpuExecutor, GpuOptions, KvSizing};
     let kv_matches = match req.kv_cache_dtype {
         None => true,
@@ -141,18 +130,19 @@ fn cuda(model: &LlamaModel, req: &ExecutorRequest) -> Result<BuiltExecutor, Exec
         Some(KvDtype::F16) => req.dtype == DType::F16,
     };
     if !kv_matches {
-        return Err(ExecError::Device(format!(
+        return Err(ExecError::InvalidConfig(format!(
             "--kv-cache-dtype {} differs from --dtype {:?}: the GPU keeps its KV cache in \
              --dtype (leave --kv-cache-dtype at auto)",
             req.kv_cache_dtype.map_or("auto", KvDtype::name),
             req.dtype
-        )));
+        ))
+        .into());
     }
     let dev = CudaDevice::new(0)?;
     let kv = match req.num_gpu_blocks {
         Some(gpu) => KvSizing::Blocks {
             gpu,
-            cpu: req.swap_bytes / gpu_bytes_per_block(model, req),
+            cpu: req.swap_bytes / gpu_bytes_per_block(&config, req),
         },
         None => KvSizing::Utilization {
             fraction: req.gpu_memory_utilization,
@@ -166,9 +156,9 @@ fn cuda(model: &LlamaModel, req: &ExecutorRequest) -> Result<BuiltExecutor, Exec
         kv,
     };
     let description = format!("cuda: {}", super::gpu::Device::describe(&dev));
-    // The GPU runs f32/f16/bf16 matrices: a quantized model is dequantized
-    // for the upload (the copy is dropped once uploaded).
-    let exec = GpuExecutor::new(dev, &*model.to_f32(), opts)?
+    // The GPU runs f32/f16/bf16 matrices: quantized tensors are converted
+    // a row range at a time on their way to the device.
+    let exec = GpuExecutor::load(dev, config, source, opts)?
         .with_cuda_graphs(req.max_num_seqs, req.enforce_eager);
     Ok(BuiltExecutor {
         executor: Box::new(exec),
@@ -177,16 +167,21 @@ fn cuda(model: &LlamaModel, req: &ExecutorRequest) -> Result<BuiltExecutor, Exec
 }
 
 #[cfg(feature = "cuda")]
-fn gpu_bytes_per_block(model: &LlamaModel, req: &ExecutorRequest) -> usize {
-    super::gpu::blocks::KvPools::bytes_per_block(&model.kv_geometry(1, req.block_size), req.dtype)
-        .max(1)
+fn gpu_bytes_per_block(config: &ModelConfig, req: &ExecutorRequest) -> usize {
+    let geom = crate::model::kv_geometry(config, 1, req.block_size);
+    super::gpu::blocks::KvPools::bytes_per_block(&geom, req.dtype).max(1)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda(_: &LlamaModel, _: &ExecutorRequest) -> Result<BuiltExecutor, ExecError> {
-    Err(ExecError::Device(
-        "--device cuda: this build has no CUDA support; rebuild with `cargo build --release --features cuda`".into(),
+fn cuda(
+    _: ModelConfig,
+    _: &mut dyn WeightSource,
+    _: &ExecutorRequest,
+) -> Result<BuiltExecutor, BuildError> {
+    Err(ExecError::from(super::gpu::GpuError::unavailable(
+        "--device cuda: this build has no CUDA support; rebuild with `cargo build --release --features cuda`",
     ))
+    .into())
 }
 
 #[cfg(test)]
@@ -210,28 +205,41 @@ mod tests {
         }
     }
 
-    fn model() -> LlamaModel {
+    fn model() -> CpuModel {
         let c = tiny_config(false, None);
-        LlamaModel::new(c.clone(), random_weights(&c, 2)).expect("model")
+        CpuModel::new(c.clone(), random_weights(&c, 2)).expect("model")
+    }
+
+    /// Builds from the tiny model's weights in memory.
+    fn build(r: &ExecutorRequest) -> Result<BuiltExecutor, BuildError> {
+        let c = tiny_config(false, None);
+        let mut source = crate::model::InMemory::from(random_weights(&c, 2));
+        build_executor(c, &mut source, r)
     }
 
     #[test]
     fn cpu_is_built_as_asked_and_auto_says_why_it_fell_back() {
-        let b = build_executor(model(), &req(DeviceKind::Cpu)).expect("cpu");
+        let b = build(&req(DeviceKind::Cpu)).expect("cpu");
         assert_eq!(b.executor.num_blocks(), (8, 0));
         match cuda_unavailable_reason() {
             Some(why) => {
-                let b = build_executor(model(), &req(DeviceKind::Auto)).expect("auto");
+                let b = build(&req(DeviceKind::Auto)).expect("auto");
                 assert!(b.description.contains(&why), "{}", b.description);
                 // Explicit CUDA never falls back.
-                let e = build_executor(model(), &req(DeviceKind::Cuda))
-                    .err()
-                    .expect("refused");
-                assert!(matches!(e, ExecError::Device(_)), "{e}");
+                let e = build(&req(DeviceKind::Cuda)).err().expect("refused");
+                assert!(
+                    matches!(
+                        e,
+                        BuildError::Exec(ExecError::Gpu(
+                            super::super::gpu::GpuError::Unavailable { .. }
+                        ))
+                    ),
+                    "{e}"
+                );
                 println!("SKIP cuda executor: {why}");
             }
             None => {
-                let b = build_executor(model(), &req(DeviceKind::Cuda)).expect("cuda");
+                let b = build(&req(DeviceKind::Cuda)).expect("cuda");
                 assert!(b.description.starts_with("cuda"), "{}", b.description);
             }
         }
@@ -245,7 +253,7 @@ mod tests {
         r.num_gpu_blocks = None;
         r.cpu_kv_cache_bytes = 4 * per_f32;
         // An f32 model: auto is f32.
-        let b = build_executor(model(), &r).expect("auto");
+        let b = build(&r).expect("auto");
         assert_eq!(b.executor.num_blocks().0, 4);
         assert!(
             b.description.ends_with("KV cache float32"),
@@ -253,7 +261,7 @@ mod tests {
             b.description
         );
         r.kv_cache_dtype = Some(KvDtype::F16);
-        let b = build_executor(m, &r).expect("f16");
+        let b = cpu_executor(m, &r, "cpu".into()).expect("f16");
         assert_eq!(b.executor.num_blocks().0, 8);
         assert!(
             b.description.ends_with("KV cache float16"),

@@ -12,8 +12,6 @@
 //! - a *slot* is `block.0 as usize * block_size + offset`: where one token's
 //!   K/V is written in the accelerator pool.
 
-use thiserror::Error;
-
 mod check;
 mod fx;
 mod paged;
@@ -32,23 +30,7 @@ pub use paged::{PagedKvCacheManager, PagedKvConfig};
 pub use prefix_cache::{hash_block, BlockHash};
 pub use reservation::{ReservationKvCacheManager, ReservationPolicy};
 
-/// A physical block index inside one pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockId(pub u32);
-
-/// A sequence as the KV cache knows it. The scheduler hands these out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SeqId(pub u64);
-
-/// One block copy the executor must perform before the forward pass.
-/// For copy-on-write both ids are in the accelerator pool; for swaps `src`
-/// and `dst` are in the pools named by the operation (out: device -> CPU,
-/// in: CPU -> device).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BlockCopy {
-    pub src: BlockId,
-    pub dst: BlockId,
-}
+pub use engine_core::{BlockCopy, BlockId, KvError, SeqId};
 
 /// The answer to "can this group be admitted?".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,27 +79,6 @@ pub struct KvStats {
     pub prefix_cache_queries: u64,
     pub prefix_cache_hits: u64,
     pub prefix_cache_evictions: u64,
-}
-
-/// Errors of the KV cache layer.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum KvError {
-    #[error("no free KV cache block in the accelerator pool")]
-    OutOfBlocks,
-    #[error("the CPU swap pool has no room for this group")]
-    SwapSpaceFull,
-    #[error("unknown sequence {0:?}")]
-    UnknownSequence(SeqId),
-    #[error("sequence {0:?} already exists")]
-    DuplicateSequence(SeqId),
-    #[error("sequence {0:?} is not resident in the accelerator pool")]
-    NotResident(SeqId),
-    #[error("sequence {0:?} is not swapped out")]
-    NotSwapped(SeqId),
-    #[error("the last token of sequence {0:?} is in a full block already cached by its contents")]
-    SealedToken(SeqId),
-    #[error("invalid KV cache configuration: {0}")]
-    InvalidConfig(String),
 }
 
 /// The narrow interface between the scheduler and the KV cache.

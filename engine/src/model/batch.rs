@@ -7,4 +7,4 @@
 //! reads is inside the pool, and every K/V slot is the one the block table
 //! names for the token's position. O(tokens + block table entries).
 
-pub use crate::executor::types::validate_batch as validate;
+pub use engine_core::validate_batch as validate;

@@ -2,8 +2,8 @@
 //! chunked prefill, and batch validation.
 
 use super::kv_cache::KvCache;
-use super::llama::LlamaModel;
 use super::test_util::{random_weights, tiny_config};
+use super::CpuModel;
 use crate::executor::{ContiguousLayout, ExecError, ForwardBatch, Logits};
 use crate::kv::BlockId;
 use model_loader::{ModelConfig, ModelWeights, RopeScaling};
@@ -150,7 +150,7 @@ fn tokens(n: usize, seed: u32) -> Vec<u32> {
 }
 
 /// Runs one sequence in one pass, logits of every row.
-fn all_rows_alone(model: &LlamaModel, toks: &[u32]) -> Logits {
+fn all_rows_alone(model: &CpuModel, toks: &[u32]) -> Logits {
     let layout = ContiguousLayout {
         block_size: 4,
         blocks_per_seq: 16,
@@ -169,7 +169,7 @@ fn forward_matches_naive_reference_llama_and_qwen2() {
         let w = random_weights(&c, 42);
         let toks = tokens(11, 1);
         let want = naive_forward(&c, &w, &toks);
-        let model = LlamaModel::new(c, w).expect("model");
+        let model = CpuModel::new(c, w).expect("model");
         let got = all_rows_alone(&model, &toks);
         for (r, row) in want.iter().enumerate() {
             let row: Vec<f32> = row.iter().map(|v| *v as f32).collect();
@@ -182,7 +182,7 @@ fn forward_matches_naive_reference_llama_and_qwen2() {
 /// lists (sequence, tokens to process); sequences join and leave at will.
 fn check_batching_invariance(config: ModelConfig) {
     let lens = [9usize, 14, 3, 21];
-    let model = LlamaModel::new(config.clone(), random_weights(&config, 9)).expect("model");
+    let model = CpuModel::new(config.clone(), random_weights(&config, 9)).expect("model");
     let seqs: Vec<Vec<u32>> = lens
         .iter()
         .enumerate()
@@ -249,7 +249,7 @@ fn batching_invariance_mixed_prefill_decode_and_chunks() {
 #[test]
 fn logits_only_for_requested_rows() {
     let c = tiny_config(false, None);
-    let model = LlamaModel::new(c.clone(), random_weights(&c, 3)).expect("model");
+    let model = CpuModel::new(c.clone(), random_weights(&c, 3)).expect("model");
     let toks = tokens(6, 2);
     let all = all_rows_alone(&model, &toks);
     let mut cache = KvCache::new(model.kv_geometry(16, 4));
@@ -267,7 +267,7 @@ fn logits_only_for_requested_rows() {
 #[test]
 fn malformed_batches_are_typed_errors() {
     let c = tiny_config(false, None);
-    let model = LlamaModel::new(c.clone(), random_weights(&c, 3)).expect("model");
+    let model = CpuModel::new(c.clone(), random_weights(&c, 3)).expect("model");
     let mut cache = KvCache::new(model.kv_geometry(8, 4));
     let layout = ContiguousLayout {
         block_size: 4,
@@ -330,10 +330,10 @@ fn bad_weight_shapes_are_typed_errors() {
     let mut w = random_weights(&c, 1);
     w.layers[1].wk.shape = vec![3, 3];
     assert!(matches!(
-        LlamaModel::new(c.clone(), w),
+        CpuModel::new(c.clone(), w),
         Err(super::ModelError::ShapeMismatch { .. })
     ));
     let mut bad = c.clone();
     bad.num_key_value_heads = 3;
-    assert!(LlamaModel::new(bad.clone(), random_weights(&c, 1)).is_err());
+    assert!(CpuModel::new(bad.clone(), random_weights(&c, 1)).is_err());
 }

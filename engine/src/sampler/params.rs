@@ -3,7 +3,7 @@
 //!
 //! This is the one declaration and the one range check of every sampling
 //! parameter: the server parses JSON into these types and calls
-//! [`SamplingParams::validate`], whose [`EngineError::InvalidParam`] names
+//! [`SamplingParams::validate`], whose [`RequestError::InvalidParam`] names
 //! the parameter for the HTTP 400's `param`.
 //!
 //! Invariant: a [`SamplingParams`] that passed [`SamplingParams::validate`]
@@ -15,7 +15,7 @@
 //! Token ids (`logit_bias` keys) are checked against the vocabulary by the
 //! caller, which knows it.
 
-use crate::error::EngineError;
+use crate::error::RequestError;
 
 /// Most top logprobs per token (OpenAI's limit).
 pub const MAX_LOGPROBS: usize = 20;
@@ -97,8 +97,8 @@ impl Default for SamplingParams {
 /// Most distinct tokens in one `logit_bias` (OpenAI accepts 300).
 pub const MAX_LOGIT_BIAS: usize = 300;
 
-fn invalid(param: &'static str, reason: impl Into<String>) -> EngineError {
-    EngineError::InvalidParam {
+fn invalid(param: &'static str, reason: impl Into<String>) -> RequestError {
+    RequestError::InvalidParam {
         param,
         reason: reason.into(),
     }
@@ -129,7 +129,7 @@ impl SamplingParams {
     }
 
     /// Checks every parameter; `max_tokens` is the request's limit.
-    pub fn validate(&self, max_tokens: Option<usize>) -> Result<(), EngineError> {
+    pub fn validate(&self, max_tokens: Option<usize>) -> Result<(), RequestError> {
         self.validate_counts(max_tokens)?;
         self.validate_distribution()?;
         self.validate_penalties()?;
@@ -172,7 +172,7 @@ impl SamplingParams {
         Ok(())
     }
 
-    fn validate_counts(&self, max_tokens: Option<usize>) -> Result<(), EngineError> {
+    fn validate_counts(&self, max_tokens: Option<usize>) -> Result<(), RequestError> {
         if self.n == 0 || self.n > MAX_GROUP_WIDTH {
             return Err(invalid(
                 "n",
@@ -214,7 +214,7 @@ impl SamplingParams {
         Ok(())
     }
 
-    fn validate_distribution(&self) -> Result<(), EngineError> {
+    fn validate_distribution(&self) -> Result<(), RequestError> {
         if !(0.0..=2.0).contains(&self.temperature) {
             return Err(invalid(
                 "temperature",
@@ -239,7 +239,7 @@ impl SamplingParams {
         Ok(())
     }
 
-    fn validate_penalties(&self) -> Result<(), EngineError> {
+    fn validate_penalties(&self) -> Result<(), RequestError> {
         for (name, v) in [
             ("presence_penalty", self.presence_penalty),
             ("frequency_penalty", self.frequency_penalty),
@@ -263,9 +263,9 @@ impl SamplingParams {
 mod tests {
     use super::*;
 
-    fn param_of(e: EngineError) -> &'static str {
+    fn param_of(e: RequestError) -> &'static str {
         match e {
-            EngineError::InvalidParam { param, .. } => param,
+            RequestError::InvalidParam { param, .. } => param,
             other => panic!("unexpected {other:?}"),
         }
     }

@@ -25,13 +25,13 @@ impl Scheduler {
         let group = self
             .groups
             .get_mut(&request_id)
-            .ok_or_else(|| EngineError::Kv(format!("fork of unknown {request_id}")))?;
+            .ok_or_else(|| EngineError::Inconsistent(format!("fork of unknown {request_id}")))?;
         let source = group
             .seqs
             .get(parent)
             .filter(|s| s.status == SeqStatus::Running)
             .ok_or_else(|| {
-                EngineError::Kv(format!("fork of a non-running sequence of {request_id}"))
+                EngineError::Inconsistent(format!("fork of a non-running sequence of {request_id}"))
             })?;
         kv.fork(source.id, child_id)?;
         let mut child = source.clone();

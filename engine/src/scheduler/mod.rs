@@ -30,24 +30,31 @@
 //! Cost per step: O(G log G) queue work for G groups, plus O(tokens) batch
 //! assembly and one `blocks_needed_to_append` per scheduled sequence.
 
+mod ahead;
 mod batch;
+mod beam;
 mod budget;
 mod config;
 mod group_ops;
+mod output;
 mod phases;
 mod sequence;
+mod update;
 
+pub use ahead::Ahead;
 pub use batch::{PromptTarget, SampleTarget, MAX_PROMPT_LOGPROB_ROWS};
 pub use budget::StepBudget;
 pub use config::{PreemptionMode, SchedulerConfig};
+pub use output::{Outputs, RequestOutput, SeqOutput};
 pub use sequence::{
     FinishReason, Hypothesis, PromptLogprobs, QueueKey, RequestId, RequestParams, SeqStatus,
     Sequence, SequenceGroup,
 };
+pub use update::{finish_reason, Draw, Drawn, StepOutcome};
 
-use crate::error::EngineError;
-use crate::executor::{BlockOps, ForwardBatch};
+use crate::error::{EngineError, RequestError};
 use crate::kv::{AdmitDecision, KvCacheManager, LengthHint, SeqId};
+use engine_core::{BlockOps, ForwardBatch};
 use std::collections::{BTreeSet, HashMap};
 
 /// Counters and gauges for `/metrics` and benchmarks.
@@ -104,6 +111,8 @@ pub struct Scheduler {
     next_arrival: u64,
     next_seq: u64,
     stats: SchedulerStats,
+    /// Tokens that end a sequence unless `ignore_eos` (the model's EOS).
+    eos_token_ids: Vec<u32>,
 }
 
 impl Scheduler {
@@ -119,28 +128,35 @@ impl Scheduler {
             next_arrival: 0,
             next_seq: 0,
             stats: SchedulerStats::default(),
+            eos_token_ids: Vec::new(),
         })
+    }
+
+    /// The model's end-of-sequence ids (a sequence drawing one finishes
+    /// unless its request ignores EOS).
+    pub fn with_eos_token_ids(mut self, eos: Vec<u32>) -> Self {
+        self.eos_token_ids = eos;
+        self
     }
 
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
     }
 
-    /// Queues a request of one sequence. Refuses at once a request that is
-    /// empty, too long for `max_model_len`, or that could grow larger than
-    /// what `kv` would ever admit (the whole cache less its watermark).
+    /// Queues a validated request of one sequence. Refuses a duplicate id,
+    /// and a request that could grow larger than what `kv` would ever admit
+    /// (the whole cache less its watermark: a state of the cache, not of the
+    /// request, so it is checked here rather than in [`validate_request`]).
     pub fn add_request(
         &mut self,
         kv: &dyn KvCacheManager,
         request_id: RequestId,
-        prompt: Vec<u32>,
-        params: RequestParams,
+        request: ValidRequest,
     ) -> Result<(), EngineError> {
         if self.groups.contains_key(&request_id) {
-            return Err(EngineError::DuplicateRequest(request_id));
+            return Err(RequestError::DuplicateRequest(request_id).into());
         }
-        let capacity_tokens = kv.stats().total_blocks * kv.block_size();
-        validate_request(&self.config, capacity_tokens, &prompt, &params)?;
+        let ValidRequest { prompt, params } = request;
         let seq = Sequence::new(SeqId(self.next_seq), prompt);
         self.next_seq += 1;
         let seed = params.sampling.seed.unwrap_or_else(rand::random);
@@ -186,10 +202,11 @@ impl Scheduler {
             oracle_total_tokens: None,
         };
         if kv.can_admit(&probe, group.expected_seqs(), hint) == AdmitDecision::Never {
-            return Err(EngineError::NeverFits {
+            return Err(RequestError::NeverFits {
                 needed_tokens: probe.len(),
                 capacity_tokens: kv.stats().total_blocks * kv.block_size(),
-            });
+            }
+            .into());
         }
         Ok(())
     }
@@ -220,11 +237,6 @@ impl Scheduler {
     /// A live group.
     pub fn group(&self, request_id: RequestId) -> Option<&SequenceGroup> {
         self.groups.get(&request_id)
-    }
-
-    /// A live group, mutably (to append sampled tokens).
-    pub fn group_mut(&mut self, request_id: RequestId) -> Option<&mut SequenceGroup> {
-        self.groups.get_mut(&request_id)
     }
 
     /// Marks one sequence finished and frees its blocks. When the whole group
@@ -296,43 +308,70 @@ impl Scheduler {
     }
 }
 
-/// Checks a request against the budgets before it is queued: not empty,
-/// shorter than `max_model_len`, and never larger than the whole KV cache
-/// (`capacity_tokens`) even at its longest. The async handle calls this too,
-/// so the caller gets these errors synchronously.
+/// Checks a request against the budgets before it is queued, the one
+/// place a request is validated (the async handle calls it at submission,
+/// so the caller gets these errors synchronously; the server only converts
+/// the wire format): its sampling parameters in range, a prompt that is not
+/// empty, the one context-length rule (vLLM's: `prompt + max_tokens <=
+/// max_model_len`, with `max_tokens` absent counting as 1, so a prompt
+/// must leave room for one token), and never larger than the whole KV cache
+/// (`capacity_tokens`) even at its longest.
 pub fn validate_request(
     config: &SchedulerConfig,
     capacity_tokens: usize,
-    prompt: &[u32],
-    params: &RequestParams,
-) -> Result<(), EngineError> {
-    if prompt.is_empty() {
-        return Err(EngineError::EmptyPrompt);
-    }
+    prompt: Vec<u32>,
+    params: RequestParams,
+) -> Result<ValidRequest, RequestError> {
     if params.max_tokens == Some(0) {
-        return Err(EngineError::InvalidParams(
-            "max_tokens must be at least 1".into(),
-        ));
+        return Err(RequestError::InvalidParam {
+            param: "max_tokens",
+            reason: "must be at least 1".into(),
+        });
     }
     params.sampling.validate(params.max_tokens)?;
+    if prompt.is_empty() {
+        return Err(RequestError::EmptyPrompt);
+    }
     let max_model_len = config.max_model_len;
-    if prompt.len() >= max_model_len {
-        return Err(EngineError::PromptTooLong {
+    let max_tokens = params.max_tokens.unwrap_or(1);
+    if prompt.len() + max_tokens > max_model_len {
+        return Err(RequestError::ContextTooLong {
             prompt_len: prompt.len(),
+            max_tokens,
             max_model_len,
         });
     }
     let longest = match params.max_tokens {
-        Some(m) => (prompt.len() + m).min(max_model_len),
+        Some(m) => prompt.len() + m,
         None => max_model_len,
     };
     // The last generated token is never written to the cache.
     let needed_tokens = longest - 1;
     if needed_tokens > capacity_tokens {
-        return Err(EngineError::NeverFits {
+        return Err(RequestError::NeverFits {
             needed_tokens,
             capacity_tokens,
         });
     }
-    Ok(())
+    Ok(ValidRequest { prompt, params })
+}
+
+/// A request that passed [`validate_request`]; the scheduler takes nothing
+/// else, so a request is validated once, wherever it is submitted.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    prompt: Vec<u32>,
+    params: RequestParams,
+}
+
+impl ValidRequest {
+    /// The prompt's token ids.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// The request's parameters.
+    pub fn params(&self) -> &RequestParams {
+        &self.params
+    }
 }

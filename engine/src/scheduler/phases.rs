@@ -6,7 +6,7 @@ use super::budget::StepBudget;
 use super::config::{PreemptionMode, SchedulerConfig};
 use super::sequence::{QueueKey, SeqStatus};
 use super::{Scheduler, SchedulerOutput};
-use crate::error::EngineError;
+use crate::error::{EngineError, RequestError};
 use crate::kv::{AdmitDecision, KvCacheManager, KvError, LengthHint};
 
 /// One step in progress: the budget, the batch being built and the output.
@@ -151,10 +151,11 @@ impl Scheduler {
                         kv,
                         step,
                         key,
-                        EngineError::NeverFits {
+                        RequestError::NeverFits {
                             needed_tokens: longest,
                             capacity_tokens,
-                        },
+                        }
+                        .into(),
                     );
                     continue;
                 }

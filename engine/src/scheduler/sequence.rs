@@ -13,17 +13,8 @@
 
 use crate::kv::SeqId;
 use crate::sampler::{PromptLogprob, SamplingParams};
-use std::fmt;
 
-/// The caller's name for a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(pub u64);
-
-impl fmt::Display for RequestId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "req-{}", self.0)
-    }
-}
+pub use engine_core::RequestId;
 
 /// Why a sequence stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -188,6 +179,14 @@ pub struct Hypothesis {
 }
 
 impl SequenceGroup {
+    /// A group of width > 1 that has not drawn its first token yet (its
+    /// first row's draws fork it).
+    pub fn needs_fork(&self) -> bool {
+        self.params.sampling.width() > 1
+            && self.seqs.len() == 1
+            && self.seqs.iter().all(|s| s.tokens.len() == s.prompt_len)
+    }
+
     /// Queue key: lower sorts first (served first, preempted last).
     pub fn key(&self) -> QueueKey {
         QueueKey {

@@ -17,7 +17,7 @@
 use engine::executor::gpu::{DType, EmuDevice, GpuExecutor, GpuOptions, KvSizing};
 use engine::executor::{CpuExecutor, Executor};
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
-use engine::model::LlamaModel;
+use engine::model::CpuModel;
 use engine::scheduler::{RequestId, RequestParams, SchedulerConfig};
 use engine::{EngineConfig, LlmEngine, RequestOutput};
 use model_loader::{ModelConfig, ModelWeights};
@@ -124,7 +124,6 @@ pub fn current_executor() -> ExecKind {
 /// A fresh executor of the current kind over the tiny model.
 pub fn executor(device_blocks: usize, cpu_blocks: usize, block_size: usize) -> Box<dyn Executor> {
     let (config, weights) = tiny();
-    let model = LlamaModel::new(config.clone(), weights.clone()).expect("tiny model");
     let opts = GpuOptions {
         dtype: DType::F32,
         block_size,
@@ -134,24 +133,32 @@ pub fn executor(device_blocks: usize, cpu_blocks: usize, block_size: usize) -> B
         },
     };
     match current_executor() {
-        ExecKind::Cpu => Box::new(
-            CpuExecutor::new(model, device_blocks, cpu_blocks, block_size).expect("executor"),
-        ),
-        ExecKind::Emulated => {
-            Box::new(GpuExecutor::new(EmuDevice::new(), &model, opts).expect("gpu executor"))
+        ExecKind::Cpu => {
+            let model = CpuModel::new(config.clone(), weights.clone()).expect("tiny model");
+            Box::new(
+                CpuExecutor::new(model, device_blocks, cpu_blocks, block_size).expect("executor"),
+            )
         }
-        ExecKind::Cuda => cuda_executor(&model, opts),
+        ExecKind::Emulated => Box::new(
+            GpuExecutor::new(EmuDevice::new(), config.clone(), weights.clone(), opts)
+                .expect("gpu executor"),
+        ),
+        ExecKind::Cuda => cuda_executor(config, weights, opts),
     }
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_executor(model: &LlamaModel, opts: GpuOptions) -> Box<dyn Executor> {
+fn cuda_executor(
+    config: &ModelConfig,
+    weights: &ModelWeights,
+    opts: GpuOptions,
+) -> Box<dyn Executor> {
     let dev = engine::executor::gpu::cuda::CudaDevice::new(0).expect("cuda device");
-    Box::new(GpuExecutor::new(dev, model, opts).expect("cuda executor"))
+    Box::new(GpuExecutor::new(dev, config.clone(), weights.clone(), opts).expect("cuda executor"))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_executor(_: &LlamaModel, _: GpuOptions) -> Box<dyn Executor> {
+fn cuda_executor(_: &ModelConfig, _: &ModelWeights, _: GpuOptions) -> Box<dyn Executor> {
     unreachable!("executor_kinds() offers CUDA only with the cuda feature")
 }
 
@@ -277,7 +284,9 @@ pub fn params(max_tokens: usize) -> RequestParams {
 pub struct Collected {
     pub tokens: Vec<u32>,
     pub finished: bool,
-    pub error: Option<engine::EngineError>,
+    /// The error's whole chain as text (`engine::error::Report`), so that
+    /// runs can be compared.
+    pub error: Option<String>,
     pub num_cached_tokens: usize,
 }
 
@@ -289,8 +298,8 @@ pub fn collect(into: &mut HashMap<RequestId, Collected>, outs: Vec<RequestOutput
         c.tokens.extend_from_slice(o.token_ids());
         c.finished |= o.finished;
         c.num_cached_tokens = c.num_cached_tokens.max(o.num_cached_tokens);
-        if o.error.is_some() {
-            c.error = o.error;
+        if let Some(e) = &o.error {
+            c.error = Some(engine::error::Report(e).to_string());
         }
     }
 }

@@ -15,9 +15,13 @@
 use super::hint::KvSetup;
 use anyhow::{Context, Result};
 use engine::executor::CpuExecutor;
-use engine::model::LlamaModel;
-use engine::scheduler::{FinishReason, RequestId, RequestParams, Scheduler, SchedulerConfig};
-use engine::{EngineConfig, LlmEngine};
+use engine::model::CpuModel;
+use engine::sampler::SampleOut;
+use engine::scheduler::{
+    validate_request, Ahead, Outputs, RequestId, RequestParams, Scheduler, SchedulerConfig,
+    StepOutcome,
+};
+use engine::{EngineConfig, EngineError, LlmEngine};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -134,12 +138,17 @@ pub fn run_simulated(
     let mut sched = Scheduler::new(sched_cfg.clone())?;
     let mut stats = RunStats::default();
     let mut arrivals = std::collections::HashMap::new();
+    let mut produced = std::collections::HashMap::new();
     let (mut clock, mut next) = (0.0f64, 0usize);
     loop {
         while next < trace.len() && trace[next].arrival <= clock {
             let r = &trace[next];
             let id = RequestId(next as u64);
-            match sched.add_request(kv.as_ref(), id, r.prompt.clone(), params(r.output_len)) {
+            let capacity = kv.stats().total_blocks * kv.block_size();
+            let valid =
+                validate_request(sched_cfg, capacity, r.prompt.clone(), params(r.output_len))
+                    .map_err(EngineError::from);
+            match valid.and_then(|v| sched.add_request(kv.as_ref(), id, v)) {
                 Ok(()) => {
                     arrivals.insert(id, (r.arrival, r.output_len));
                 }
@@ -180,25 +189,33 @@ pub fn run_simulated(
             kvs.total_blocks * kv.block_size(),
         );
         clock += model.base_s + model.per_token_s * out.batch.token_ids.len() as f64;
-        for t in &out.targets {
-            let Some(group) = sched.group_mut(t.request_id) else {
-                continue;
-            };
-            let Some(seq) = group.seqs.get_mut(t.seq_index) else {
-                continue;
-            };
-            seq.tokens.push(0);
-            let produced = seq.output_tokens().len();
-            let (arrival, want) = arrivals.get(&t.request_id).copied().unwrap_or((0.0, 0));
-            if produced >= want {
-                let done =
-                    sched.finish_seq(kv.as_mut(), t.request_id, t.seq_index, FinishReason::Length);
-                if done.is_some() {
-                    stats.finished.push((arrival, clock, produced));
-                }
+        // Every row "draws" token 0; requests end at their `max_tokens`
+        // (their oracle output length), applied as the engine applies a step.
+        let rows = out
+            .targets
+            .iter()
+            .map(|_| SampleOut {
+                token: 0,
+                logprob: 0.0,
+                top_logprobs: Vec::new(),
+            })
+            .collect();
+        let mut news = Outputs::default();
+        sched.update_from_output(
+            kv.as_mut(),
+            &out,
+            StepOutcome::Device(rows),
+            &Ahead::none(),
+            &mut news,
+        );
+        for o in news.into_list() {
+            let n = produced.entry(o.request_id).or_insert(0);
+            *n += o.token_ids().len();
+            if o.finished {
+                let (arrival, _) = arrivals.get(&o.request_id).copied().unwrap_or((0.0, 0));
+                stats.finished.push((arrival, clock, *n));
             }
         }
-        sched.record_generated(out.targets.len());
     }
     let s = sched.stats();
     stats.preemptions = s.preemptions_swap + s.preemptions_recompute;
@@ -216,7 +233,7 @@ pub fn run_real(
     let loaded = model_loader::load_model(model_path)
         .with_context(|| format!("loading {}", model_path.display()))?;
     let eos = loaded.tokenizer.eos_token_ids().to_vec();
-    let model = LlamaModel::new(loaded.config, loaded.weights)?;
+    let model = CpuModel::new(loaded.config, loaded.weights)?;
     let executor = CpuExecutor::new(model, kv_setup.num_blocks(), 0, kv_setup.block_size())?;
     let truths: Vec<(Vec<u32>, usize)> = trace
         .iter()

@@ -18,7 +18,7 @@ use super::drivers::TraceRequest;
 use anyhow::{bail, Result};
 use engine::executor::CpuExecutor;
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
-use engine::model::LlamaModel;
+use engine::model::CpuModel;
 use engine::sampler::SamplingParams;
 use engine::scheduler::{RequestId, RequestParams, SchedulerConfig};
 use engine::{EngineConfig, LlmEngine};
@@ -124,7 +124,7 @@ pub struct Model {
 }
 
 fn engine(m: &Model, blocks: usize, block_size: usize, max_model_len: usize) -> Result<LlmEngine> {
-    let model = LlamaModel::new(m.config.clone(), m.weights.clone())?;
+    let model = CpuModel::new(m.config.clone(), m.weights.clone())?;
     let exec = CpuExecutor::new(model, blocks, 0, block_size)?;
     let mut kv_cfg = PagedKvConfig::new(block_size, blocks, 0);
     kv_cfg.enable_prefix_caching = false;

@@ -3,7 +3,7 @@
 //! `crate::kv`; this one gives sequence `i` the fixed, contiguous run of
 //! blocks `[i * blocks_per_seq, (i + 1) * blocks_per_seq)`.
 
-use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch, SeqSpan};
+use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch, Sampling, SeqSpan};
 use crate::kv::BlockId;
 
 /// Largest prompt chunk `generate_greedy` sends in one forward pass.
@@ -112,7 +112,7 @@ pub fn generate_greedy<E: Executor + ?Sized>(
             chunk,
             past + chunk.len() == prompt.len(),
         );
-        let logits = exec.execute(&ops, &batch)?;
+        let logits = exec.execute(&ops, &batch, &Sampling::Host)?.into_logits()?;
         past += chunk.len();
         if logits.rows == 1 {
             next = argmax(logits.row(0));
@@ -127,6 +127,10 @@ pub fn generate_greedy<E: Executor + ?Sized>(
         let mut batch = ForwardBatch::default();
         layout.push(&mut batch, 0, past, &[next], true);
         past += 1;
-        next = argmax(exec.execute(&ops, &batch)?.row(0));
+        next = argmax(
+            exec.execute(&ops, &batch, &Sampling::Host)?
+                .into_logits()?
+                .row(0),
+        );
     }
 }

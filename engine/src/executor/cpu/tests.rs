@@ -4,9 +4,10 @@
 
 use super::generate::{argmax, generate_greedy, ContiguousLayout};
 use super::CpuExecutor;
+use crate::executor::test_run::Run;
 use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch};
 use crate::kv::{BlockCopy, BlockId};
-use crate::model::{KvCache, KvDtype, LayerKv, LlamaModel};
+use crate::model::{CpuModel, KvCache, KvDtype, LayerKv};
 use model_loader::{Architecture, LayerWeights, ModelConfig, ModelWeights, Tensor};
 
 fn config() -> ModelConfig {
@@ -70,7 +71,7 @@ fn weights(c: &ModelConfig) -> ModelWeights {
 
 fn executor(num_blocks: usize, num_cpu_blocks: usize, block_size: usize) -> CpuExecutor {
     let c = config();
-    let model = LlamaModel::new(c.clone(), weights(&c)).expect("model");
+    let model = CpuModel::new(c.clone(), weights(&c)).expect("model");
     CpuExecutor::new(model, num_blocks, num_cpu_blocks, block_size).expect("executor")
 }
 
@@ -172,7 +173,7 @@ fn out_of_range_block_ops_move_nothing() {
             ..Default::default()
         },
     ] {
-        let err = ex.execute(&ops, &ForwardBatch::default());
+        let err = ex.logits(&ops, &ForwardBatch::default());
         assert!(matches!(err, Err(ExecError::BlockOutOfRange(_))), "{ops:?}");
         assert_eq!(all_blocks(ex.device_pool()), before);
     }
@@ -181,7 +182,7 @@ fn out_of_range_block_ops_move_nothing() {
 #[test]
 fn memory_budget_sizes_pools_in_whole_blocks() {
     let c = config();
-    let model = LlamaModel::new(c.clone(), weights(&c)).expect("model");
+    let model = CpuModel::new(c.clone(), weights(&c)).expect("model");
     // 2 (K,V) * 3 layers * 4 tokens * 2 heads * 8 dims * 4 bytes.
     let per = 2 * 3 * 4 * 2 * 8 * 4;
     assert_eq!(CpuExecutor::bytes_per_block(&model, 4, KvDtype::F32), per);
@@ -192,7 +193,7 @@ fn memory_budget_sizes_pools_in_whole_blocks() {
     let ex = CpuExecutor::with_memory_budget(model, per * 10 + per / 2, per * 3, 4, KvDtype::F32)
         .expect("ex");
     assert_eq!(ex.num_blocks(), (10, 3));
-    let model = LlamaModel::new(c.clone(), weights(&c)).expect("model");
+    let model = CpuModel::new(c.clone(), weights(&c)).expect("model");
     assert!(CpuExecutor::with_memory_budget(model, per - 1, 0, 4, KvDtype::F32).is_err());
 }
 
@@ -204,7 +205,7 @@ fn greedy_generation_matches_full_recompute() {
     assert_eq!(got.len(), 10);
     // Reference: recompute the whole sequence from scratch for every token.
     let c = config();
-    let model = LlamaModel::new(c.clone(), weights(&c)).expect("model");
+    let model = CpuModel::new(c.clone(), weights(&c)).expect("model");
     let mut seq = prompt.to_vec();
     for _ in 0..10 {
         let mut cache = KvCache::new(model.kv_geometry(16, 4));

@@ -4,7 +4,7 @@
 
 use super::generate::generate_greedy;
 use super::CpuExecutor;
-use crate::model::LlamaModel;
+use crate::model::CpuModel;
 use model_loader::ChatMessage;
 
 #[test]
@@ -27,7 +27,7 @@ fn smollm2_greedy_answers_paris() {
         .expect("render");
     let prompt = loaded.tokenizer.encode(&text, false).expect("encode");
     let eos = loaded.tokenizer.eos_token_ids().to_vec();
-    let model = LlamaModel::new(loaded.config, loaded.weights).expect("model");
+    let model = CpuModel::new(loaded.config, loaded.weights).expect("model");
     let mut ex = CpuExecutor::new(model, 16, 0, 16).expect("executor");
     let out = generate_greedy(&mut ex, &prompt, 24, &eos, |_| {}).expect("generate");
     let answer = loaded.tokenizer.decode(&out, true).expect("decode");

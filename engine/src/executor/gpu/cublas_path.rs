@@ -157,7 +157,7 @@ pub fn find_cublas(env: &SearchEnv) -> Result<PathBuf, GpuError> {
 
 fn not_found(tried: &[PathBuf], prefix: &str) -> GpuError {
     let list: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
-    GpuError::Unavailable(format!(
+    GpuError::unavailable(format!(
         "{prefix}cuBLAS 12 or 13 was not found; tried {}. Set {CUBLAS_ENV} to the \
          libcublas.so.* file (or its folder), or add its folder to LD_LIBRARY_PATH",
         list.join(", ")

@@ -57,21 +57,19 @@ thread_local! {
     static BOUND: Cell<usize> = const { Cell::new(0) };
 }
 
-fn drv(e: impl std::fmt::Debug) -> GpuError {
-    GpuError::Device(format!("{e:?}"))
-}
-
 /// Finds a CUDA driver and device `ordinal` without touching CUDA when the
 /// driver library is absent (cudarc's loader would panic otherwise).
 pub fn probe(ordinal: usize) -> Result<Arc<CudaContext>, GpuError> {
     // SAFETY: only tries to dlopen the driver library's candidate names.
     if !unsafe { sys::is_culib_present() } {
-        return Err(GpuError::Unavailable(
-            "the CUDA driver library (libcuda) was not found".into(),
+        return Err(GpuError::unavailable(
+            "the CUDA driver library (libcuda) was not found",
         ));
     }
-    CudaContext::new(ordinal)
-        .map_err(|e| GpuError::Unavailable(format!("CUDA device {ordinal} unusable: {e:?}")))
+    CudaContext::new(ordinal).map_err(|e| GpuError::Unavailable {
+        reason: format!("CUDA device {ordinal} unusable"),
+        source: Some(engine_core::cause(e)),
+    })
 }
 
 /// Where the PTX for `arch` is: `$PAGED_ENGINE_PTX_DIR/<arch>/gpu_kernels.ptx`,
@@ -128,7 +126,9 @@ impl CudaDevice {
     /// Opens device `ordinal`, loads the PTX for its architecture and cuBLAS.
     pub fn new(ordinal: usize) -> Result<Self, GpuError> {
         let ctx = probe(ordinal)?;
-        let (major, minor) = ctx.compute_capability().map_err(drv)?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(GpuError::driver("cuDeviceComputeCapability"))?;
         if major < 8 {
             return Err(GpuError::Unsupported(format!(
                 "compute capability {major}.{minor}: the kernels need sm_80 or newer (bf16)"
@@ -136,22 +136,35 @@ impl CudaDevice {
         }
         let arch = if major >= 9 { "sm_90" } else { "sm_80" };
         let path = ptx_path(arch);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            GpuError::Ptx(format!(
-                "{}: {e} (run `cargo xtask build-ptx`, or set PAGED_ENGINE_PTX_DIR)",
+        let text = std::fs::read_to_string(&path).map_err(|e| GpuError::Ptx {
+            what: format!(
+                "{} (run `cargo xtask build-ptx`, or set PAGED_ENGINE_PTX_DIR)",
                 path.display()
-            ))
+            ),
+            source: Some(engine_core::cause(e)),
         })?;
         let module = ctx
             .load_module(Ptx::from_src(text))
-            .map_err(|e| GpuError::Ptx(format!("{}: {e:?}", path.display())))?;
+            .map_err(|e| GpuError::Ptx {
+                what: path.display().to_string(),
+                source: Some(engine_core::cause(e)),
+            })?;
         preload_cublas()?;
-        let compute = ctx.new_stream().map_err(drv)?;
-        let swap = ctx.new_stream().map_err(drv)?;
-        let blas = CudaBlas::new(compute.clone()).map_err(drv)?;
+        let compute = ctx
+            .new_stream()
+            .map_err(GpuError::driver("cuStreamCreate"))?;
+        let swap = ctx
+            .new_stream()
+            .map_err(GpuError::driver("cuStreamCreate"))?;
+        let blas = CudaBlas::new(compute.clone()).map_err(GpuError::driver("cublasCreate"))?;
         // SAFETY: a plain allocation, owned by the device until drop.
-        let blas_workspace = unsafe { result::malloc_sync(CUBLAS_WORKSPACE_BYTES) }
-            .map_err(|e| GpuError::OutOfMemory(format!("cuBLAS workspace: {e:?}")))?;
+        let blas_workspace =
+            unsafe { result::malloc_sync(CUBLAS_WORKSPACE_BYTES) }.map_err(|e| {
+                GpuError::OutOfMemory {
+                    what: "cuBLAS workspace".into(),
+                    source: Some(engine_core::cause(e)),
+                }
+            })?;
         // SAFETY: the handle is live; the workspace is a device allocation of
         // the size given, kept until the device (and the handle) drop. Set
         // after the handle's stream, since setting a stream resets it.
@@ -169,12 +182,12 @@ impl CudaDevice {
             .attribute(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
-            .map_err(drv)? as usize;
+            .map_err(GpuError::driver("cuDeviceGetAttribute"))? as usize;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(drv)?
+            .map_err(GpuError::driver("cuDeviceGetAttribute"))?
             .max(1) as u32;
-        let name = ctx.name().map_err(drv)?;
+        let name = ctx.name().map_err(GpuError::driver("cuDeviceGetName"))?;
         Ok(Self {
             describe: format!("{name} ({arch}, {})", path.display()),
             ctx,
@@ -204,7 +217,9 @@ impl CudaDevice {
         if BOUND.with(Cell::get) == ctx {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(drv)?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(GpuError::driver("cuCtxSetCurrent"))?;
         BOUND.with(|b| b.set(ctx));
         Ok(())
     }
@@ -220,7 +235,8 @@ impl CudaDevice {
     /// Waits for the compute stream (bound already).
     fn sync_compute(&mut self) -> Result<(), GpuError> {
         // SAFETY: the stream is live for the device's life.
-        unsafe { result::stream::synchronize(self.compute.cu_stream()) }.map_err(drv)?;
+        unsafe { result::stream::synchronize(self.compute.cu_stream()) }
+            .map_err(GpuError::driver("cuStreamSynchronize"))?;
         self.staged = 0;
         Ok(())
     }
@@ -244,7 +260,9 @@ impl CudaDevice {
 
     fn swap_after_compute(&mut self) -> Result<(), GpuError> {
         if self.swap_stale {
-            self.swap.join(&self.compute).map_err(drv)?;
+            self.swap
+                .join(&self.compute)
+                .map_err(GpuError::driver("cuStreamWaitEvent"))?;
             self.swap_stale = false;
         }
         Ok(())
@@ -263,8 +281,11 @@ fn preload_cublas() -> Result<(), GpuError> {
         Ok(path) => {
             // SAFETY: loading cuBLAS runs only its own initializers, which
             // have no preconditions on this process.
-            let lib = unsafe { libloading::Library::new(&path) }
-                .map_err(|e| GpuError::Unavailable(format!("cuBLAS at {}: {e}", path.display())))?;
+            let lib =
+                unsafe { libloading::Library::new(&path) }.map_err(|e| GpuError::Unavailable {
+                    reason: format!("cuBLAS at {}", path.display()),
+                    source: Some(engine_core::cause(e)),
+                })?;
             // Stays loaded for the process: cudarc's handle refers to it.
             std::mem::forget(lib);
             // SAFETY: only dlopens cuBLAS's candidate names.
@@ -272,7 +293,7 @@ fn preload_cublas() -> Result<(), GpuError> {
                 tracing::info!(path = %path.display(), "cuBLAS loaded");
                 Ok(())
             } else {
-                Err(GpuError::Unavailable(format!(
+                Err(GpuError::unavailable(format!(
                     "loaded cuBLAS from {}, but its SONAME is none of the names cudarc asks for ({:?})",
                     path.display(),
                     cudarc::get_lib_name_candidates("cublas")
@@ -322,10 +343,12 @@ impl Device for CudaDevice {
         self.bind()?;
         let n = bytes.max(1);
         // SAFETY: a plain allocation, zeroed before use.
-        let ptr = unsafe { result::malloc_sync(n) }
-            .map_err(|e| GpuError::OutOfMemory(format!("{n} bytes: {e:?}")))?;
+        let ptr = unsafe { result::malloc_sync(n) }.map_err(|e| GpuError::OutOfMemory {
+            what: format!("{n} bytes"),
+            source: Some(engine_core::cause(e)),
+        })?;
         // SAFETY: `ptr` is a fresh allocation of `n` bytes.
-        unsafe { result::memset_d8_sync(ptr, 0, n) }.map_err(drv)?;
+        unsafe { result::memset_d8_sync(ptr, 0, n) }.map_err(GpuError::driver("cuMemsetD8"))?;
         self.mem.push(Some((ptr, n)));
         Ok(DevBuf {
             slot: self.mem.len() - 1,
@@ -345,16 +368,17 @@ impl Device for CudaDevice {
             .ok_or_else(|| GpuError::Device("double free".into()))?;
         // SAFETY: `ptr` came from `malloc_sync` and no work uses it any more
         // (synchronized above).
-        unsafe { result::free_sync(ptr) }.map_err(drv)
+        unsafe { result::free_sync(ptr) }.map_err(GpuError::driver("cuMemFree"))
     }
 
     fn alloc_host(&mut self, bytes: usize) -> Result<HostBuf, GpuError> {
         self.bind()?;
         let n = bytes.max(1);
         // SAFETY: page-locked allocation of `n` bytes, zeroed right after.
-        let ptr = unsafe { result::malloc_host(n, 0) }
-            .map_err(|e| GpuError::OutOfMemory(format!("{n} bytes of pinned host memory: {e:?}")))?
-            as *mut u8;
+        let ptr = unsafe { result::malloc_host(n, 0) }.map_err(|e| GpuError::OutOfMemory {
+            what: format!("{n} bytes of pinned host memory"),
+            source: Some(engine_core::cause(e)),
+        })? as *mut u8;
         // SAFETY: `ptr` addresses `n` writable bytes.
         unsafe { std::ptr::write_bytes(ptr, 0, n) };
         self.host.push(Some(Pinned { ptr, bytes: n }));
@@ -382,13 +406,16 @@ impl Device for CudaDevice {
             // (callers' contract); the stream is synchronized before `src`
             // can move.
             unsafe { result::memcpy_htod_async(dst.0, src, self.compute.cu_stream()) }
-                .map_err(drv)?;
+                .map_err(GpuError::driver("cuMemcpyHtoDAsync"))?;
             return self.sync_compute();
         }
         if self.staging.is_none() {
             // SAFETY: page-locked allocation of STAGING_BYTES bytes.
             let ptr = unsafe { result::malloc_host(STAGING_BYTES, 0) }.map_err(|e| {
-                GpuError::OutOfMemory(format!("{STAGING_BYTES} bytes of pinned staging: {e:?}"))
+                GpuError::OutOfMemory {
+                    what: format!("{STAGING_BYTES} bytes of pinned staging"),
+                    source: Some(engine_core::cause(e)),
+                }
             })? as *mut u8;
             self.staging = Some(Pinned {
                 ptr,
@@ -417,7 +444,7 @@ impl Device for CudaDevice {
         // SAFETY: `dst` addresses a live allocation of at least `n` bytes;
         // `staged` stays untouched until the stream passes this copy.
         unsafe { result::memcpy_htod_async(dst.0, staged, self.compute.cu_stream()) }
-            .map_err(drv)?;
+            .map_err(GpuError::driver("cuMemcpyHtoDAsync"))?;
         self.staged = start + n;
         Ok(())
     }
@@ -427,7 +454,8 @@ impl Device for CudaDevice {
         self.bind()?;
         // SAFETY: `src` addresses at least `dst.len()` device bytes (callers'
         // contract); the stream is synchronized before `dst` can move.
-        unsafe { result::memcpy_dtoh_async(dst, src.0, self.compute.cu_stream()) }.map_err(drv)?;
+        unsafe { result::memcpy_dtoh_async(dst, src.0, self.compute.cu_stream()) }
+            .map_err(GpuError::driver("cuMemcpyDtoHAsync"))?;
         self.sync_compute()
     }
 
@@ -445,7 +473,8 @@ impl Device for CudaDevice {
         let dst = self.host_slice(host, host_offset, bytes)?;
         // SAFETY: page-locked destination inside its allocation (checked);
         // `src` addresses a device block; ordered on the swap stream.
-        unsafe { result::memcpy_dtoh_async(dst, src.0, stream) }.map_err(drv)
+        unsafe { result::memcpy_dtoh_async(dst, src.0, stream) }
+            .map_err(GpuError::driver("cuMemcpyDtoHAsync"))
     }
 
     fn copy_from_host(
@@ -462,13 +491,16 @@ impl Device for CudaDevice {
         let src = self.host_slice(host, host_offset, bytes)?;
         // SAFETY: as `copy_to_host`, in the other direction; page-locked memory
         // stays put until the device drops.
-        unsafe { result::memcpy_htod_async(dst.0, src, stream) }.map_err(drv)
+        unsafe { result::memcpy_htod_async(dst.0, src, stream) }
+            .map_err(GpuError::driver("cuMemcpyHtoDAsync"))
     }
 
     fn swap_fence(&mut self) -> Result<(), GpuError> {
         self.not_capturing("swap_fence")?;
         self.bind()?;
-        self.compute.join(&self.swap).map_err(drv)
+        self.compute
+            .join(&self.swap)
+            .map_err(GpuError::driver("cuStreamWaitEvent"))
     }
 
     fn kernel(&mut self, name: &str) -> Result<Kernel, GpuError> {
@@ -478,12 +510,15 @@ impl Device for CudaDevice {
             let f = self
                 .module
                 .load_function(k.name)
-                .map_err(|e| GpuError::Ptx(format!("{name}: {e:?}")))?;
+                .map_err(|e| GpuError::Ptx {
+                    what: name.to_string(),
+                    source: Some(engine_core::cause(e)),
+                })?;
             f.set_attribute(
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 self.max_shared as i32,
             )
-            .map_err(drv)?;
+            .map_err(GpuError::driver("cuFuncSetAttribute"))?;
             self.funcs[k.index] = Some((gpu_kernels::KERNELS[k.index], f));
         }
         Ok(k)
@@ -497,7 +532,7 @@ impl Device for CudaDevice {
     ) -> Result<(), GpuError> {
         const MAX_ARGS: usize = 16;
         if args.len() > MAX_ARGS {
-            return Err(GpuError::Ptx(format!(
+            return Err(GpuError::ptx(format!(
                 "{}: {} arguments (at most {MAX_ARGS})",
                 kernel.name,
                 args.len()
@@ -509,8 +544,8 @@ impl Device for CudaDevice {
             .funcs
             .get(kernel.index)
             .and_then(Option::as_ref)
-            .ok_or_else(|| GpuError::Ptx(format!("{} was not resolved", kernel.name)))?;
-        check_args(sig, args).map_err(|e| GpuError::Ptx(e.to_string()))?;
+            .ok_or_else(|| GpuError::ptx(format!("{} was not resolved", kernel.name)))?;
+        check_args(sig, args).map_err(|e| GpuError::ptx(e.to_string()))?;
         // Fixed arrays, no allocation: the builder borrows each value.
         let (mut ptrs, mut u32s, mut f32s) = ([0u64; MAX_ARGS], [0u32; MAX_ARGS], [0f32; MAX_ARGS]);
         for (i, a) in args.iter().enumerate() {
@@ -545,7 +580,7 @@ impl Device for CudaDevice {
                 &mut params[..args.len()],
             )
         }
-        .map_err(drv)?;
+        .map_err(GpuError::driver("cuLaunchKernel"))?;
         self.swap_stale = true;
         Ok(())
     }
@@ -580,7 +615,7 @@ impl Device for CudaDevice {
                 cublas::sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(drv)?;
+        .map_err(GpuError::driver("cublasGemmEx"))?;
         self.swap_stale = true;
         Ok(())
     }
@@ -590,7 +625,8 @@ impl Device for CudaDevice {
         self.bind()?;
         self.sync_compute()?;
         // SAFETY: the stream is live for the device's life.
-        unsafe { result::stream::synchronize(self.swap.cu_stream()) }.map_err(drv)
+        unsafe { result::stream::synchronize(self.swap.cu_stream()) }
+            .map_err(GpuError::driver("cuStreamSynchronize"))
     }
 
     fn begin_capture(&mut self) -> Result<(), GpuError> {
@@ -598,7 +634,7 @@ impl Device for CudaDevice {
         self.bind()?;
         self.compute
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(drv)?;
+            .map_err(GpuError::driver("cuStreamBeginCapture"))?;
         self.capturing = true;
         Ok(())
     }
@@ -612,7 +648,7 @@ impl Device for CudaDevice {
         let graph = self
             .compute
             .end_capture(sys::CUgraphInstantiate_flags(0))
-            .map_err(drv)?
+            .map_err(GpuError::driver("cuStreamEndCapture"))?
             .ok_or_else(|| GpuError::Device("stream capture recorded no graph".into()))?;
         self.graphs.push(Some(graph));
         Ok(GraphId(self.graphs.len() - 1))
@@ -629,7 +665,7 @@ impl Device for CudaDevice {
         // SAFETY: the graph and the stream are live; the buffers it addresses
         // are the caller's contract.
         unsafe { result::graph::launch(g.cu_graph_exec(), self.compute.cu_stream()) }
-            .map_err(drv)?;
+            .map_err(GpuError::driver("cuGraphLaunch"))?;
         self.swap_stale = true;
         Ok(())
     }

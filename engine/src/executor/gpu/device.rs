@@ -153,7 +153,7 @@ impl Kernel {
                 index,
                 name: gpu_kernels::KERNELS[index].name,
             })
-            .ok_or_else(|| GpuError::Ptx(format!("{name} is not a kernel entry point")))
+            .ok_or_else(|| GpuError::ptx(format!("{name} is not a kernel entry point")))
     }
 }
 

@@ -1,109 +1,55 @@
-//! One forward pass on a [`Device`], mirroring the CPU model
-//! (`crate::model::llama`, which this module does not import) operation for
-//! operation:
+//! One forward pass on a [`Device`]: the GPU's [`Backend`], on which the
+//! model definition (`crate::model::arch`, the same file the CPU runs)
+//! writes its layer graph. Each operation is one or two launches:
 //!
 //! ```text
-//! x = embedding(ids)                                   (residual stream, dtype T)
-//! per layer: h = rms_norm(x); qkv = h Wqkv^T                (one GEMM, [tokens, q + 2 kv])
-//!            q = rotary(qkv.q); cache[slots] = rotary(qkv.k), qkv.v   (one launch)
-//!            a = attention(q, paged K/V)    decode: paged_attention v1 / v2+reduce
-//!                                           otherwise: prefill_attention (mixed batch)
-//!            x += a Wo^T; h = rms_norm(x); g = h Wgate_up^T; s = silu_and_mul(g); x += s Wdown^T
-//! rows = gather(x, logits_rows); logits (f32) = rms_norm(rows) Wlm^T
+//! embed        embedding gather (+ scale_rows: Gemma's sqrt(hidden))
+//! rms_norm     rms_norm                      add_rms_norm  add_rms_norm (x += norm(branch))
+//! linear       GEMM x W^T (a bias: broadcast by a gather first, the GEMM accumulates)
+//! head_norms   rms_norm_heads (in place on q and k of the fused q/k/v rows)
+//! attention    rotary_embedding_and_cache (rotated K/V into the paged cache,
+//!              rotated q into a contiguous buffer), then paged attention:
+//!              decode v1 / split-K v2 + reduce, else prefill over the mixed batch
+//! gated        silu_and_mul / gelu_tanh_and_mul
+//! logits       gather the logits rows, rms_norm, GEMM with the head (f32 out)
 //! ```
 //!
 //! All per-step integers (ids, positions, slots, context lengths, query
 //! starts, block tables, logits rows) live in the persistent [`DeviceBatch`]
 //! (block tables updated from what changed, the rest in one upload);
-//! activations live in a [`Scratch`] that grows to the
-//! largest batch seen and is then reused. Kernels are resolved once into
-//! [`Kernels`].
+//! activations live in a [`Scratch`] whose slots grow to the largest batch
+//! seen and are then reused. Kernels are resolved once into [`Kernels`].
 //!
-//! The q/k/v projection is one GEMM over the fused `[q + 2 kv, hidden]`
-//! weight into a `[tokens, q + 2 kv]` buffer (Qwen2's biases: the fused bias
-//! row `[bq | bk | bv]` is broadcast into it by one gather first, and the GEMM
-//! accumulates). One `rotary_embedding_and_cache` launch then reads q, k and v
-//! out of that buffer at its row stride, writes rotated K and V into the
-//! paged cache and rotated q into a separate contiguous `[tokens, heads,
-//! head_dim]` buffer. Why a copy of q rather than rotating it in place: the
+//! Why rotated q is written to its own buffer rather than in place: the
 //! attention kernels (decode v1/v2, prefill) take no q row stride and read q
 //! as `[tokens, heads, head_dim]`; writing q out costs the same bytes as the
-//! in-place rotation (q is read and written once either way) and keeps the
-//! attention kernels' signatures as they are.
+//! in-place rotation and keeps the attention kernels' signatures.
 //!
-//! Invariants: the `qkv` buffer is written only by the bias gather and the
-//! GEMM and read only by the fused rotary/cache launch; `q` is written only by
-//! that launch (all `q_dim` columns, rotated or copied past `rot_dim`).
+//! Invariants: the `Qkv` slot is written only by its GEMM (and the bias
+//! gather before it) and read only by the head norms and the fused
+//! rotary/cache launch; the rotated-q buffer is written only by that launch.
+//! Nothing here uploads, downloads or synchronizes: [`compute`] is what a
+//! CUDA graph captures.
 //!
-//! Cost: launches per step (GEMMs included) 1 + 9 per layer with v1 decode
-//! attention (10 with v2 + reduce) + 3, plus 1 per layer for q/k/v biases;
-//! GEMMs 4 per layer + 1. Cost is dominated by the GEMMs,
-//! O(tokens x parameters).
+//! Cost: launches per step for Llama-shaped models 1 + 9 per layer with v1
+//! decode attention (10 with v2 + reduce) + 3, plus 1 per layer for q/k/v
+//! biases; GEMMs 4 per layer + 1. Dominated by the GEMMs, O(tokens x
+//! parameters).
 
 use super::blocks::KvPools;
 use super::device::{DType, DevBuf, DevPtr, Device, Gemm, Kernel, ThreadsFor};
-use super::weights::DeviceWeights;
-use super::{GpuError, SUPPORTED_HEAD_DIMS};
-use crate::executor::HostWeights;
+use super::weights::{Gpu, GpuMatrix, GpuRope};
+use super::GpuError;
 use crate::executor::{ForwardBatch, GreedyRow, Logits, SeqSpan};
 use crate::kv::BlockId;
+use crate::model::backend::{Act, ActWidths, Backend, Gate, LayerAttn};
+use crate::model::{Dims, Model};
 use gpu_kernels::{launch as geom, KernelArg, LaunchConfig};
 
 mod attention;
 pub mod batch;
-use attention::attention;
+use attention::{attention, AttnArgs};
 pub use batch::{DeviceBatch, Padding};
-
-/// The model dimensions the forward pass needs.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Dims {
-    pub hidden: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub inter: usize,
-    pub vocab: usize,
-    pub layers: usize,
-    pub eps: f32,
-    pub max_positions: usize,
-}
-
-impl Dims {
-    /// The dimensions of `w`, refusing head sizes without attention entry points.
-    pub fn of(w: &HostWeights<'_>) -> Result<Self, GpuError> {
-        let c = w.config;
-        if !SUPPORTED_HEAD_DIMS.contains(&c.head_dim) {
-            return Err(GpuError::Unsupported(format!(
-                "head_dim {} (the attention kernels are built for {SUPPORTED_HEAD_DIMS:?})",
-                c.head_dim
-            )));
-        }
-        Ok(Self {
-            hidden: c.hidden_size,
-            heads: c.num_attention_heads,
-            kv_heads: c.num_key_value_heads,
-            head_dim: c.head_dim,
-            inter: c.intermediate_size,
-            vocab: c.vocab_size,
-            layers: c.num_hidden_layers,
-            eps: c.rms_norm_eps,
-            max_positions: w.max_positions,
-        })
-    }
-
-    fn q_dim(&self) -> usize {
-        self.heads * self.head_dim
-    }
-
-    fn kv_dim(&self) -> usize {
-        self.kv_heads * self.head_dim
-    }
-
-    /// Width of the fused q/k/v projection.
-    fn qkv_dim(&self) -> usize {
-        self.q_dim() + 2 * self.kv_dim()
-    }
-}
 
 /// Every kernel the forward pass launches, resolved once at start for the
 /// executor's dtype and head size: launches index this table (no name
@@ -122,6 +68,11 @@ pub struct Kernels {
     prefill: Kernel,
     prefill_kind: geom::PrefillKernel,
     greedy_rows: Kernel,
+    /// Gemma 3's operations.
+    rms_norm_heads: Option<Kernel>,
+    gelu_tanh_and_mul: Option<Kernel>,
+    add_rms_norm: Option<Kernel>,
+    scale_rows: Option<Kernel>,
 }
 
 impl Kernels {
@@ -134,6 +85,12 @@ impl Kernels {
             plain("rms_norm")?,
             plain("rotary_embedding_and_cache")?,
             plain("silu_and_mul")?,
+        );
+        let (rms_norm_heads, gelu_tanh_and_mul, add_rms_norm, scale_rows) = (
+            plain("rms_norm_heads").ok(),
+            plain("gelu_tanh_and_mul").ok(),
+            plain("add_rms_norm").ok(),
+            plain("scale_rows").ok(),
         );
         let prefill_kind = geom::choose_prefill(t.size() as u32, head_dim as u32);
         let mut head = |f: &str| dev.kernel(&format!("{f}_{sfx}_h{head_dim}"));
@@ -151,8 +108,17 @@ impl Kernels {
             })?,
             prefill_kind,
             greedy_rows: dev.kernel("greedy_rows_f32")?,
+            rms_norm_heads,
+            gelu_tanh_and_mul,
+            add_rms_norm,
+            scale_rows,
         })
     }
+}
+
+/// A kernel this build may lack (an op only some architectures use).
+fn needed(k: Option<Kernel>, what: &str) -> Result<Kernel, GpuError> {
+    k.ok_or_else(|| GpuError::Unsupported(format!("{what}: the PTX has no such entry point")))
 }
 
 /// Device scratch buffers of the forward pass, each grown on demand.
@@ -160,15 +126,10 @@ impl Kernels {
 pub struct Scratch {
     /// The step's integers (persistent block tables).
     pub batch: DeviceBatch,
-    x: Option<DevBuf>,
-    h: Option<DevBuf>,
-    /// `[tokens, q + 2 kv]`: the fused projection's output.
-    qkv: Option<DevBuf>,
+    /// The activation slots, by [`Act::index`].
+    acts: [Option<DevBuf>; 7],
     /// `[tokens, heads, head_dim]`: rotated q, contiguous for attention.
     q: Option<DevBuf>,
-    attn: Option<DevBuf>,
-    gate_up: Option<DevBuf>,
-    act: Option<DevBuf>,
     rows: Option<DevBuf>,
     normed: Option<DevBuf>,
     logits: Option<DevBuf>,
@@ -183,53 +144,59 @@ pub struct Scratch {
 }
 
 impl Scratch {
+    /// Every device buffer but the batch's.
+    fn own(&self) -> impl Iterator<Item = &Option<DevBuf>> {
+        self.acts.iter().chain([
+            &self.q,
+            &self.rows,
+            &self.normed,
+            &self.logits,
+            &self.split_out,
+            &self.split_max,
+            &self.split_sum,
+            &self.zeros,
+            &self.greedy,
+        ])
+    }
+
     /// Returns every buffer to the device.
     pub fn release(self, dev: &mut dyn Device) -> Result<(), GpuError> {
-        self.batch.release(dev)?;
-        let all = [
-            self.x,
-            self.h,
-            self.qkv,
-            self.q,
-            self.attn,
-            self.gate_up,
-            self.act,
-            self.rows,
-            self.normed,
-            self.logits,
-            self.split_out,
-            self.split_max,
-            self.split_sum,
-            self.zeros,
-            self.greedy,
+        let Scratch {
+            batch,
+            acts,
+            q,
+            rows,
+            normed,
+            logits,
+            split_out,
+            split_max,
+            split_sum,
+            zeros,
+            greedy,
+            greedy_host: _,
+        } = self;
+        batch.release(dev)?;
+        let rest = [
+            q, rows, normed, logits, split_out, split_max, split_sum, zeros, greedy,
         ];
-        all.into_iter().flatten().try_for_each(|b| dev.free(b))
+        acts.into_iter()
+            .chain(rest)
+            .flatten()
+            .try_for_each(|b| dev.free(b))
     }
 
     /// Address and size of every device buffer, the batch's included: a
     /// captured graph is valid while this is what it was at capture.
-    pub fn fingerprint(&self) -> [(u64, usize); 17] {
+    pub fn fingerprint(&self) -> super::graphs::Fingerprint {
+        let mut print = [(0, 0); 18];
         let [step, table] = self.batch.buffers();
-        let all = [
-            step,
-            table,
-            self.x.as_ref(),
-            self.h.as_ref(),
-            self.qkv.as_ref(),
-            self.q.as_ref(),
-            self.attn.as_ref(),
-            self.gate_up.as_ref(),
-            self.act.as_ref(),
-            self.rows.as_ref(),
-            self.normed.as_ref(),
-            self.logits.as_ref(),
-            self.split_out.as_ref(),
-            self.split_max.as_ref(),
-            self.split_sum.as_ref(),
-            self.zeros.as_ref(),
-            self.greedy.as_ref(),
-        ];
-        all.map(|b| b.map_or((0, 0), |b| (b.ptr.0, b.bytes)))
+        let all = [step, table]
+            .into_iter()
+            .chain(self.own().map(Option::as_ref));
+        for (p, b) in print.iter_mut().zip(all) {
+            *p = b.map_or((0, 0), |b| (b.ptr.0, b.bytes));
+        }
+        print
     }
 }
 
@@ -272,41 +239,14 @@ pub struct Meta {
     all_decode: bool,
 }
 
-/// The activation buffers of one step (addresses).
-struct Acts {
-    x: DevPtr,
-    h: DevPtr,
-    qkv: DevPtr,
-    q: DevPtr,
-    attn: DevPtr,
-    gate_up: DevPtr,
-    act: DevPtr,
-}
-
-fn activations(
-    dev: &mut dyn Device,
-    s: &mut Scratch,
-    d: Dims,
-    n: usize,
-    t: DType,
-) -> Result<Acts, GpuError> {
-    let e = t.size() * n;
-    Ok(Acts {
-        x: ensure(dev, &mut s.x, e * d.hidden)?,
-        h: ensure(dev, &mut s.h, e * d.hidden)?,
-        qkv: ensure(dev, &mut s.qkv, e * d.qkv_dim())?,
-        q: ensure(dev, &mut s.q, e * d.q_dim())?,
-        attn: ensure(dev, &mut s.attn, e * d.q_dim())?,
-        gate_up: ensure(dev, &mut s.gate_up, e * 2 * d.inter)?,
-        act: ensure(dev, &mut s.act, e * d.inter)?,
-    })
-}
-
-/// Launch helper over the resolved [`Kernels`].
-struct Launcher<'a> {
-    dev: &'a mut dyn Device,
-    t: DType,
-    k: &'a Kernels,
+/// What every step of one executor shares: the kernels, the model on the
+/// device, its dimensions and dtype, and the KV pools.
+pub struct Parts<'a> {
+    pub kernels: &'a Kernels,
+    pub model: &'a Model<Gpu>,
+    pub dims: Dims,
+    pub dtype: DType,
+    pub kv: &'a KvPools,
 }
 
 /// A `u32` kernel argument.
@@ -314,97 +254,54 @@ fn u(x: usize) -> KernelArg {
     KernelArg::U32(x as u32)
 }
 
-impl Launcher<'_> {
-    /// # Safety
-    /// As [`Device::launch`].
-    unsafe fn run(
-        &mut self,
-        kernel: Kernel,
-        cfg: LaunchConfig,
-        args: &[KernelArg],
-    ) -> Result<(), GpuError> {
-        // SAFETY: forwarded to the caller.
-        unsafe { self.dev.launch(kernel, cfg, args) }
-    }
+/// One row per block, the device's row width.
+fn per_row(dev: &dyn Device, rows: usize) -> LaunchConfig {
+    geom::per_row(rows as u32, dev.threads(ThreadsFor::Rows))
+}
 
-    /// `c = a W^T` (`+=` with `accumulate`); `a` is `[m, k]`, `W` `[n, k]`.
-    ///
-    /// # Safety
-    /// As [`Device::gemm`].
-    unsafe fn gemm(
-        &mut self,
-        (m, n, k): (usize, usize, usize),
-        a: DevPtr,
-        w: DevPtr,
-        c: DevPtr,
-        accumulate: bool,
-    ) -> Result<(), GpuError> {
-        let (ab, c_type, b) = (self.t, self.t, w);
-        let g = Gemm {
-            m,
-            n,
-            k,
-            a,
-            b,
-            c,
-            ab,
-            c_type,
-            accumulate,
-        };
-        // SAFETY: forwarded to the caller.
-        unsafe { self.dev.gemm(&g) }
+/// `out[r] = table[ids[r]]` for `rows` rows of `width`.
+///
+/// # Safety
+/// As [`Device::launch`]; every id is below the table's row count, `out`
+/// holds `rows` rows.
+unsafe fn gather(
+    dev: &mut dyn Device,
+    k: &Kernels,
+    (out, ids, table): (DevPtr, DevPtr, DevPtr),
+    rows: usize,
+    width: usize,
+) -> Result<(), GpuError> {
+    let cfg = per_row(dev, rows);
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        dev.launch(
+            k.embedding,
+            cfg,
+            &[out.arg(), ids.arg(), table.arg(), u(width)],
+        )
     }
+}
 
-    fn rows(&self, rows: usize) -> LaunchConfig {
-        geom::per_row(rows as u32, self.dev.threads(ThreadsFor::Rows))
-    }
-
-    /// `out[r] = table[ids[r]]` for `rows` rows of `hidden`.
-    ///
-    /// # Safety
-    /// As [`Device::launch`]; every id is below the table's row count.
-    unsafe fn gather(
-        &mut self,
-        out: DevPtr,
-        ids: DevPtr,
-        table: DevPtr,
-        rows: usize,
-        hidden: usize,
-    ) -> Result<(), GpuError> {
-        let cfg = self.rows(rows);
-        // SAFETY: forwarded to the caller.
-        unsafe {
-            self.run(
-                self.k.embedding,
-                cfg,
-                &[out.arg(), ids.arg(), table.arg(), u(hidden)],
-            )
-        }
-    }
-
-    /// `out = rms_norm(input) * weight` over `rows` rows of `d.hidden`.
-    ///
-    /// # Safety
-    /// As [`Device::launch`].
-    unsafe fn rms_norm(
-        &mut self,
-        d: &Dims,
-        out: DevPtr,
-        input: DevPtr,
-        weight: DevPtr,
-        rows: usize,
-    ) -> Result<(), GpuError> {
-        let cfg = self.rows(rows);
-        let args = [
-            out.arg(),
-            input.arg(),
-            weight.arg(),
-            KernelArg::F32(d.eps),
-            u(d.hidden),
-        ];
-        // SAFETY: forwarded to the caller.
-        unsafe { self.run(self.k.rms_norm, cfg, &args) }
-    }
+/// `out = rms_norm(input) * weight` over `rows` rows of `width`.
+///
+/// # Safety
+/// As [`Device::launch`]; `out`/`input` hold `rows` rows, not aliased.
+unsafe fn rms_norm_rows(
+    dev: &mut dyn Device,
+    k: &Kernels,
+    (out, input, weight): (DevPtr, DevPtr, DevPtr),
+    (rows, width, eps): (usize, usize, f32),
+) -> Result<(), GpuError> {
+    let cfg = per_row(dev, rows);
+    let args = [
+        out.arg(),
+        input.arg(),
+        weight.arg(),
+        KernelArg::F32(eps),
+        u(width),
+    ];
+    // SAFETY: forwarded to the caller.
+    unsafe { dev.launch(k.rms_norm, cfg, &args) }
 }
 
 /// What a step hands back.
@@ -427,18 +324,13 @@ pub enum StepOut {
 }
 
 /// Runs the forward pass of a validated `batch` and returns its logits rows.
-#[allow(clippy::too_many_arguments)]
 pub fn run(
     dev: &mut dyn Device,
-    k: &Kernels,
-    d: Dims,
-    t: DType,
-    w: &DeviceWeights,
-    kv: &KvPools,
+    p: &Parts<'_>,
     s: &mut Scratch,
     batch: &ForwardBatch,
 ) -> Result<Logits, GpuError> {
-    match run_to(dev, k, d, t, w, kv, s, batch, Output::Logits)? {
+    match run_to(dev, p, s, batch, Output::Logits)? {
         StepOut::Logits(l) => Ok(l),
         StepOut::Greedy(_) | StepOut::Device(_) => Err(GpuError::Device(
             "greedy rows where logits were asked".into(),
@@ -447,22 +339,20 @@ pub fn run(
 }
 
 /// Runs the forward pass of a validated `batch` and returns `out`.
-#[allow(clippy::too_many_arguments)]
 pub fn run_to(
     dev: &mut dyn Device,
-    k: &Kernels,
-    d: Dims,
-    t: DType,
-    w: &DeviceWeights,
-    kv: &KvPools,
+    p: &Parts<'_>,
     s: &mut Scratch,
     batch: &ForwardBatch,
     out: Output,
 ) -> Result<StepOut, GpuError> {
-    let geometry = (kv.geometry().block_size, d.max_positions);
+    let geometry = (
+        p.kv.geometry().block_size,
+        p.model.config().max_position_embeddings,
+    );
     let m = s.batch.upload(dev, batch, geometry, None)?;
-    compute(dev, k, d, t, w, kv, s, batch, &m, out)?;
-    finish(dev, s, d, batch.logits_rows.len(), out)
+    compute(dev, p, s, batch, &m, out)?;
+    finish(dev, s, p.dims, batch.logits_rows.len(), out)
 }
 
 /// Every launch and GEMM of the step whose integers are at `m` (`batch`
@@ -470,66 +360,323 @@ pub fn run_to(
 /// the greedy reduction with [`Output::Greedy`]). No upload, download or
 /// synchronization: this is what a graph captures. Allocates only where a
 /// scratch buffer is too small for these counts.
-#[allow(clippy::too_many_arguments)]
 pub fn compute(
     dev: &mut dyn Device,
-    k: &Kernels,
-    d: Dims,
-    t: DType,
-    w: &DeviceWeights,
-    kv: &KvPools,
+    p: &Parts<'_>,
     s: &mut Scratch,
     batch: &ForwardBatch,
     m: &Meta,
     out: Output,
 ) -> Result<(), GpuError> {
-    let n = batch.token_ids.len();
-    let a = activations(dev, s, d, n, t)?;
-    let mut l = Launcher { dev, t, k };
-    // SAFETY: buffers were sized above for `n` tokens (`activations`,
-    // the batch upload) and the batch was validated (ids < vocab), so the
-    // gather stays inside the embedding table and `x`.
-    unsafe { l.gather(a.x, m.ids, w.embedding.ptr, n, d.hidden) }?;
-    for li in 0..w.layers.len() {
-        layer(&mut l, s, &d, w, kv, li, m, &a, batch)?;
-    }
-    let r = batch.logits_rows.len();
-    if r == 0 {
-        return Ok(());
-    }
-    let sz = t.size();
-    let rows = ensure(l.dev, &mut s.rows, r * d.hidden * sz)?;
-    let normed = ensure(l.dev, &mut s.normed, r * d.hidden * sz)?;
-    let logits = ensure(l.dev, &mut s.logits, r * d.vocab * 4)?;
-    let g = Gemm {
-        m: r,
-        n: d.vocab,
-        k: d.hidden,
-        a: normed,
-        b: w.lm_head_ptr(),
-        c: logits,
-        ab: t,
-        c_type: DType::F32,
-        accumulate: false,
+    let mut step = GpuStep {
+        dev: &mut *dev,
+        p,
+        s: &mut *s,
+        m,
+        batch,
+        widths: ActWidths::default(),
+        acts: [DevPtr(0); 7],
+        logits: None,
     };
-    // SAFETY: `rows`/`normed` hold `r` rows of `hidden`, `logits` `r` rows of
-    // `vocab` f32; the validated logits rows are `< n`, inside `x`; the LM
-    // head is `[vocab, hidden]`. Gathering rows of the residual stream is an
-    // embedding lookup with `x` as the table.
-    unsafe {
-        l.gather(rows, m.rows, a.x, r, d.hidden)?;
-        l.rms_norm(&d, normed, rows, w.final_norm.ptr, r)?;
-        l.dev.gemm(&g)?;
-    }
-    if out == Output::Greedy {
-        let buf = ensure(l.dev, &mut s.greedy, r * 12)?;
-        let cfg = geom::per_row(r as u32, l.dev.threads(ThreadsFor::Rows));
-        let args = [buf.arg(), logits.arg(), u(d.vocab)];
+    p.model.run(&mut step)?;
+    let logits = step.logits;
+    let r = batch.logits_rows.len();
+    if let (Output::Greedy, Some(logits), true) = (out, logits, r > 0) {
+        let buf = ensure(dev, &mut s.greedy, r * 12)?;
+        let cfg = per_row(dev, r);
+        let args = [buf.arg(), logits.arg(), u(p.dims.vocab)];
         // SAFETY: `logits` holds `r` rows of `vocab` f32 (written by the
-        // LM-head GEMM above); `buf` holds `r * 3` f32; one block per row.
-        unsafe { l.dev.launch(k.greedy_rows, cfg, &args) }?;
+        // LM-head GEMM); `buf` holds `r * 3` f32; one block per row.
+        unsafe { dev.launch(p.kernels.greedy_rows, cfg, &args) }?;
     }
     Ok(())
+}
+
+/// The GPU's [`Backend`] for one step (see the module docs).
+struct GpuStep<'a, 'p> {
+    dev: &'a mut dyn Device,
+    p: &'a Parts<'p>,
+    s: &'a mut Scratch,
+    m: &'a Meta,
+    batch: &'a ForwardBatch,
+    widths: ActWidths,
+    acts: [DevPtr; 7],
+    /// The logits buffer once [`Backend::logits`] ran.
+    logits: Option<DevPtr>,
+}
+
+impl GpuStep<'_, '_> {
+    fn n(&self) -> usize {
+        self.batch.token_ids.len()
+    }
+
+    fn at(&self, a: Act) -> DevPtr {
+        self.acts[a.index()]
+    }
+
+    /// # Safety
+    /// As [`Device::gemm`]: `a` holds `m` rows of `k`, `w` is `[n, k]`,
+    /// `c` holds `m` rows of `n`.
+    unsafe fn gemm(
+        &mut self,
+        (m, n, k): (usize, usize, usize),
+        (a, w, c): (DevPtr, DevPtr, DevPtr),
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
+        let t = self.p.dtype;
+        let g = Gemm {
+            m,
+            n,
+            k,
+            a,
+            b: w,
+            c,
+            ab: t,
+            c_type: t,
+            accumulate,
+        };
+        // SAFETY: forwarded to the caller.
+        unsafe { self.dev.gemm(&g) }
+    }
+}
+
+impl Backend for GpuStep<'_, '_> {
+    type Format = Gpu;
+    type Error = GpuError;
+
+    fn begin(&mut self, widths: &ActWidths) -> Result<(), GpuError> {
+        let e = self.p.dtype.size() * self.n();
+        for a in Act::ALL {
+            let bytes = e * widths.of(a);
+            self.acts[a.index()] = ensure(self.dev, &mut self.s.acts[a.index()], bytes)?;
+        }
+        self.widths = *widths;
+        Ok(())
+    }
+
+    fn embed(&mut self, out: Act, table: &GpuMatrix, scale: Option<f32>) -> Result<(), GpuError> {
+        let (n, h, o) = (self.n(), self.p.dims.hidden, self.at(out));
+        // SAFETY: the slot holds `n` rows of `hidden` (`begin`); the batch
+        // was validated (ids < vocab), so the gather stays inside the table.
+        unsafe {
+            gather(
+                self.dev,
+                self.p.kernels,
+                (o, self.m.ids, table.buf.ptr),
+                n,
+                h,
+            )
+        }?;
+        if let Some(s) = scale {
+            let k = needed(self.p.kernels.scale_rows, "scaled embedding")?;
+            let cfg = per_row(self.dev, n);
+            // SAFETY: the slot holds `n` rows of `hidden`; one block per row.
+            unsafe { self.dev.launch(k, cfg, &[o.arg(), KernelArg::F32(s), u(h)]) }?;
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&mut self, out: Act, x: Act, w: &DevBuf, eps: f32) -> Result<(), GpuError> {
+        let (n, width) = (self.n(), self.widths.of(x));
+        let ptrs = (self.at(out), self.at(x), w.ptr);
+        // SAFETY: both slots hold `n` rows of `width` (same width: the model
+        // norms the residual stream into a hidden-wide slot), distinct slots.
+        unsafe { rms_norm_rows(self.dev, self.p.kernels, ptrs, (n, width, eps)) }
+    }
+
+    fn linear(
+        &mut self,
+        out: Act,
+        x: Act,
+        w: &GpuMatrix,
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
+        let n = self.n();
+        let (o, i) = (self.at(out), self.at(x));
+        if let Some(b) = &w.bias {
+            if accumulate {
+                return Err(GpuError::Unsupported(
+                    "an accumulated linear layer with a bias".into(),
+                ));
+            }
+            // The bias row is broadcast into every row of `out` by a gather
+            // with every row id 0 (the zeros buffer is zeroed at allocation
+            // and never written); the GEMM then accumulates onto it.
+            let zeros = ensure(self.dev, &mut self.s.zeros, 4 * n)?;
+            // SAFETY: `out` holds `n` rows of `rows`; row id 0 is inside the
+            // one-row bias.
+            unsafe { gather(self.dev, self.p.kernels, (o, zeros, b.ptr), n, w.rows) }?;
+        }
+        // SAFETY: the slots hold `n` rows of their widths, which the model
+        // sized from the same dimensions as `w` (`[rows, cols]`).
+        unsafe {
+            self.gemm(
+                (n, w.rows, w.cols),
+                (i, w.buf.ptr, o),
+                accumulate || w.bias.is_some(),
+            )
+        }
+    }
+
+    fn head_norms(&mut self, qkv: Act, q: &DevBuf, k: &DevBuf, eps: f32) -> Result<(), GpuError> {
+        let kernel = needed(self.p.kernels.rms_norm_heads, "per-head q/k norms")?;
+        let d = self.p.dims;
+        let threads = self.dev.threads(ThreadsFor::Rows);
+        let cfg = LaunchConfig {
+            grid: geom::Dim3 {
+                x: self.n() as u32,
+                y: (d.heads + d.kv_heads) as u32,
+                z: 1,
+            },
+            block: geom::Dim3::x(threads),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            self.at(qkv).arg(),
+            q.ptr.arg(),
+            k.ptr.arg(),
+            KernelArg::F32(eps),
+            u(d.head_dim),
+            u(d.heads),
+            u(d.kv_heads),
+            u(d.qkv_dim()),
+        ];
+        // SAFETY: the slot holds `n` rows of `q + 2 kv`; the q heads then the
+        // k heads of a row are its first `(heads + kv_heads) * head_dim`
+        // values; each block norms one head in place.
+        unsafe { self.dev.launch(kernel, cfg, &args) }
+    }
+
+    fn attention(
+        &mut self,
+        out: Act,
+        qkv: Act,
+        a: &LayerAttn<'_, GpuRope>,
+    ) -> Result<(), GpuError> {
+        let (n, d, sz) = (self.n(), self.p.dims, self.p.dtype.size());
+        let (qd, kvd, stride) = (d.q_dim(), d.kv_dim(), d.qkv_dim());
+        let kv = self.p.kv;
+        let (kc, vc) = (kv.layer_ptr(a.layer, 0), kv.layer_ptr(a.layer, 1));
+        let q = ensure(self.dev, &mut self.s.q, n * qd * sz)?;
+        let x = self.at(qkv);
+        let args = [
+            self.m.positions.arg(),
+            x.arg(),
+            q.arg(),
+            x.offset(qd * sz).arg(),
+            x.offset((qd + kvd) * sz).arg(),
+            kc.arg(),
+            vc.arg(),
+            self.m.slots.arg(),
+            a.rope.cos_sin.ptr.arg(),
+            u(d.heads),
+            u(d.kv_heads),
+            u(d.head_dim),
+            u(d.head_dim),
+            u(stride),
+            u(stride),
+            u(stride),
+        ];
+        let cfg = per_row(self.dev, n);
+        // SAFETY: q, k and v are disjoint column ranges of the `Qkv` slot at
+        // stride `q + 2 kv`; the rotated q goes to its own `n x q` buffer; the
+        // batch was validated (positions inside the rotary table, slots
+        // distinct and inside the pool), so every access the kernel's
+        // `# Safety` describes is in bounds.
+        unsafe { self.dev.launch(self.p.kernels.rotary_cache, cfg, &args) }?;
+        let args = AttnArgs {
+            q,
+            out: self.at(out),
+            kc,
+            vc,
+            scale: a.scale,
+            window: a.window,
+        };
+        let bs = kv.geometry().block_size;
+        // SAFETY: `q`/`out` hold the batch's tokens, `kc`/`vc` the layer's
+        // caches; the batch and its block tables were validated.
+        unsafe {
+            attention(
+                self.dev,
+                self.p.kernels,
+                self.s,
+                &d,
+                self.m,
+                self.batch,
+                bs,
+                &args,
+            )
+        }
+    }
+
+    fn gated(&mut self, out: Act, gate_up: Act, gate: Gate) -> Result<(), GpuError> {
+        let kernel = match gate {
+            Gate::Silu => self.p.kernels.silu_and_mul,
+            Gate::GeluTanh => needed(self.p.kernels.gelu_tanh_and_mul, "GELU-tanh")?,
+        };
+        let cfg = per_row(self.dev, self.n());
+        let args = [
+            self.at(out).arg(),
+            self.at(gate_up).arg(),
+            u(self.widths.of(out)),
+        ];
+        // SAFETY: `gate_up` holds `n` rows of twice `out`'s width.
+        unsafe { self.dev.launch(kernel, cfg, &args) }
+    }
+
+    fn add_rms_norm(&mut self, x: Act, branch: Act, w: &DevBuf, eps: f32) -> Result<(), GpuError> {
+        let kernel = needed(self.p.kernels.add_rms_norm, "post-norms")?;
+        let cfg = per_row(self.dev, self.n());
+        let args = [
+            self.at(x).arg(),
+            self.at(branch).arg(),
+            w.ptr.arg(),
+            KernelArg::F32(eps),
+            u(self.widths.of(x)),
+        ];
+        // SAFETY: both slots hold `n` rows of `hidden`, distinct slots.
+        unsafe { self.dev.launch(kernel, cfg, &args) }
+    }
+
+    fn logits(
+        &mut self,
+        x: Act,
+        final_norm: &DevBuf,
+        head: &GpuMatrix,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let r = self.batch.logits_rows.len();
+        if r == 0 {
+            return Ok(());
+        }
+        let (h, vocab, sz) = (self.p.dims.hidden, self.p.dims.vocab, self.p.dtype.size());
+        let rows = ensure(self.dev, &mut self.s.rows, r * h * sz)?;
+        let normed = ensure(self.dev, &mut self.s.normed, r * h * sz)?;
+        let logits = ensure(self.dev, &mut self.s.logits, r * vocab * 4)?;
+        let g = Gemm {
+            m: r,
+            n: vocab,
+            k: h,
+            a: normed,
+            b: head.buf.ptr,
+            c: logits,
+            ab: self.p.dtype,
+            c_type: DType::F32,
+            accumulate: false,
+        };
+        let (k, x) = (self.p.kernels, self.at(x));
+        // SAFETY: `rows`/`normed` hold `r` rows of `hidden`, `logits` `r` rows
+        // of `vocab` f32; the validated logits rows are `< n`, inside `x`;
+        // the head is `[vocab, hidden]`. Gathering rows of the residual
+        // stream is an embedding lookup with `x` as the table.
+        unsafe {
+            gather(self.dev, k, (rows, self.m.rows, x), r, h)?;
+            rms_norm_rows(self.dev, k, (normed, rows, final_norm.ptr), (r, h, eps))?;
+            self.dev.gemm(&g)?;
+        }
+        self.logits = Some(logits);
+        Ok(())
+    }
 }
 
 /// Downloads the first `r` rows of what [`compute`] left (the step's one
@@ -607,89 +754,6 @@ fn f32_bytes(v: &mut [f32]) -> &mut [u8] {
     // SAFETY: `v` is a live, exclusively borrowed slice of `4 * len` bytes;
     // u8 has alignment 1 and every byte pattern is a valid f32 and u8.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-/// Decoder layer `li` over the batch, in place on the residual stream `a.x`.
-#[allow(clippy::too_many_arguments)]
-fn layer(
-    l: &mut Launcher<'_>,
-    s: &mut Scratch,
-    d: &Dims,
-    w: &DeviceWeights,
-    kv: &KvPools,
-    li: usize,
-    m: &Meta,
-    a: &Acts,
-    batch: &ForwardBatch,
-) -> Result<(), GpuError> {
-    let n = batch.token_ids.len();
-    let (h, hd, qd, kvd, sz) = (d.hidden, d.head_dim, d.q_dim(), d.kv_dim(), l.t.size());
-    let qkvd = d.qkv_dim();
-    let lw = &w.layers[li];
-    let (kc, vc) = (kv.layer_ptr(li, 0), kv.layer_ptr(li, 1));
-    // Qwen2's q/k/v biases: the fused bias row `[bq | bk | bv]` is broadcast
-    // into every row of `qkv` (a gather with every row id 0; the buffer is
-    // zeroed at allocation and never written), then the GEMM accumulates.
-    let bias = match &lw.qkv_bias {
-        Some(b) => Some((b.ptr, ensure(l.dev, &mut s.zeros, 4 * n)?)),
-        None => None,
-    };
-    let rows = l.rows(n);
-    let rotary_cache = [
-        m.positions.arg(),
-        a.qkv.arg(),
-        a.q.arg(),
-        a.qkv.offset(qd * sz).arg(),
-        a.qkv.offset((qd + kvd) * sz).arg(),
-        kc.arg(),
-        vc.arg(),
-        m.slots.arg(),
-        w.cos_sin.ptr.arg(),
-        u(d.heads),
-        u(d.kv_heads),
-        u(hd),
-        u(hd),
-        u(qkvd),
-        u(qkvd),
-        u(qkvd),
-    ];
-    // SAFETY: every activation buffer holds `n` rows of its width
-    // (`activations`); the weights are `[out, in]` matrices of the model's
-    // dimensions (`qkv` is `[q + 2 kv, hidden]`, its bias `[q + 2 kv]`); q, k
-    // and v are disjoint column ranges of `qkv` at stride `q + 2 kv`, and the
-    // rotated q goes to the separate `q` buffer; the batch was validated
-    // (positions inside the rotary table, slots distinct and inside the pool,
-    // block ids inside the pool, spans consistent), so every access the
-    // kernels' `# Safety` sections describe is in bounds.
-    unsafe {
-        l.rms_norm(d, a.h, a.x, lw.attn_norm.ptr, n)?;
-        if let Some((b, zeros)) = bias {
-            l.gather(a.qkv, zeros, b, n, qkvd)?;
-        }
-        l.gemm((n, qkvd, h), a.h, lw.qkv.ptr, a.qkv, bias.is_some())?;
-        l.run(l.k.rotary_cache, rows, &rotary_cache)?;
-        attention(
-            l,
-            s,
-            d,
-            m,
-            batch,
-            kv.geometry().block_size,
-            a.q,
-            a.attn,
-            kc,
-            vc,
-        )?;
-        l.gemm((n, h, qd), a.attn, lw.o.ptr, a.x, true)?;
-        l.rms_norm(d, a.h, a.x, lw.ffn_norm.ptr, n)?;
-        l.gemm((n, 2 * d.inter, h), a.h, lw.gate_up.ptr, a.gate_up, false)?;
-        l.run(
-            l.k.silu_and_mul,
-            rows,
-            &[a.act.arg(), a.gate_up.arg(), u(d.inter)],
-        )?;
-        l.gemm((n, h, d.inter), a.act, lw.down.ptr, a.x, true)
-    }
 }
 
 /// A one-sequence prefill of `tokens` tokens over blocks `0..` (the profile run).

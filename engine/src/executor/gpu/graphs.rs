@@ -32,7 +32,7 @@ use crate::executor::{ForwardBatch, SeqSpan};
 pub const MAX_BUCKET: usize = 512;
 
 /// A scratch fingerprint (see `forward::Scratch::fingerprint`).
-pub type Fingerprint = [(u64, usize); 17];
+pub type Fingerprint = [(u64, usize); 18];
 
 /// The captured graphs and the bucket limit.
 #[derive(Default)]

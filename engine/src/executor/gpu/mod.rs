@@ -10,11 +10,13 @@
 //!   the PTX from `cargo xtask build-ptx`, cuBLAS GEMMs.
 //! - [`cublas_path`]: finding cuBLAS 12 or 13 (wheel folders included) before
 //!   cudarc's bare-name `dlopen`.
-//! - [`weights`]: weights converted to the executor's dtype and uploaded once.
-//! - [`forward`]: one step's forward pass (the persistent device batch,
-//!   per-layer kernels).
+//! - [`weights`]: the GPU's weight formats and the sink that uploads a
+//!   model's tensors from the loader, converted to the executor's dtype.
+//! - [`forward`]: the GPU's `Backend` (the model definition of
+//!   `crate::model::arch` runs on it) and one step (the persistent device
+//!   batch, the launches).
 //! - [`graphs`]: CUDA graphs of decode-only steps, per batch-size bucket.
-//! - [`sample`]: sampling on the device (`Executor::execute_sampled`).
+//! - [`sample`]: sampling on the device (`Sampling::Device`).
 //! - [`blocks`]: the KV pools and the block operations (swap out, swap in,
 //!   copy-on-write `copy_blocks`).
 //!
@@ -43,43 +45,22 @@ pub use device::{DType, DevBuf, DevPtr, Device, Gemm, GraphId, HostBuf, ThreadsF
 pub use emu::EmuDevice;
 
 use super::{
-    BlockOps, ExecError, Executor, ForwardBatch, GreedyRow, HostModel, KvGeometry, Logits,
+    BlockOps, BuildError, Capabilities, ExecError, Executor, ForwardBatch, KvGeometry, Logits,
+    Sampling, StepOutput,
 };
-use crate::sampler::device::{DeviceDraws, DeviceOut};
+use crate::model::{Dims, Model, WeightSource};
+use crate::sampler::device::DeviceOut;
+use crate::sampler::SampleOut;
 use blocks::KvPools;
-use forward::{Dims, Kernels, Scratch};
+use forward::{Kernels, Parts, Scratch};
 use graphs::Graphs;
-use thiserror::Error;
-use weights::DeviceWeights;
+use model_loader::ModelConfig;
+use weights::{Gpu, GpuSink};
 
 /// Head sizes the attention entry points are built for.
 pub use gpu_kernels::attention::HEAD_SIZES as SUPPORTED_HEAD_DIMS;
 
-/// Errors of the GPU executor and its devices.
-#[derive(Debug, Error)]
-pub enum GpuError {
-    /// No usable CUDA driver or device (or the `cuda` feature is off).
-    #[error("no CUDA device: {0}")]
-    Unavailable(String),
-    /// The model or configuration needs something the GPU path lacks.
-    #[error("not supported on the GPU executor: {0}")]
-    Unsupported(String),
-    /// The PTX could not be found or loaded.
-    #[error("PTX: {0}")]
-    Ptx(String),
-    /// The device has too little memory for what was asked.
-    #[error("out of device memory: {0}")]
-    OutOfMemory(String),
-    /// A driver, cuBLAS or emulator call failed.
-    #[error("device error: {0}")]
-    Device(String),
-}
-
-impl From<GpuError> for ExecError {
-    fn from(e: GpuError) -> Self {
-        ExecError::Device(e.to_string())
-    }
-}
+pub use engine_core::GpuError;
 
 /// How many KV blocks the executor gets.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -106,12 +87,15 @@ pub struct GpuOptions {
     pub kv: KvSizing,
 }
 
-/// Runs a Llama-family model on a [`Device`] over a paged KV cache.
+/// Runs a model of any registered architecture on a [`Device`] over a
+/// paged KV cache.
 pub struct GpuExecutor<D: Device> {
     dev: D,
     dims: Dims,
+    /// Positions the rotary tables cover (the batch validation's bound).
+    max_positions: usize,
     dtype: DType,
-    weights: DeviceWeights,
+    model: Model<Gpu>,
     kv: KvPools,
     scratch: Scratch,
     kernels: Kernels,
@@ -120,28 +104,34 @@ pub struct GpuExecutor<D: Device> {
 }
 
 impl<D: Device> GpuExecutor<D> {
-    /// Uploads `model` to `dev` and sizes the KV pools. The caller may drop
-    /// `model` afterwards (the device holds its own copy).
-    pub fn new<M: HostModel + ?Sized>(
+    /// Reads `config`'s model from `source` a layer at a time, uploads it
+    /// to `dev` in `opts.dtype` (no host copy of the model is kept or
+    /// built), and sizes the KV pools.
+    pub fn load(
         mut dev: D,
-        model: &M,
+        config: ModelConfig,
+        source: &mut dyn WeightSource,
         opts: GpuOptions,
-    ) -> Result<Self, GpuError> {
-        let host = model.host_weights();
-        if let model_loader::Architecture::Gemma3(_) = host.config.architecture {
-            return Err(GpuError::Unsupported(
-                "the gemma3 architecture (sliding window, q/k norms, post-norms) is not implemented on the GPU executor; use --device cpu".into(),
-            ));
+    ) -> Result<Self, BuildError> {
+        if !SUPPORTED_HEAD_DIMS.contains(&config.head_dim) {
+            return Err(GpuError::Unsupported(format!(
+                "head_dim {} (the attention kernels are built for {SUPPORTED_HEAD_DIMS:?})",
+                config.head_dim
+            ))
+            .into());
         }
-        let dims = Dims::of(&host)?;
         if opts.block_size == 0 {
-            return Err(GpuError::Unsupported("block_size must be positive".into()));
+            return Err(GpuError::Unsupported("block_size must be positive".into()).into());
         }
-        let weights = DeviceWeights::upload(&mut dev, &host, opts.dtype)?;
-        let kernels = Kernels::resolve(&mut dev, opts.dtype, dims.head_dim)?;
+        let kernels = Kernels::resolve(&mut dev, opts.dtype, config.head_dim)?;
+        let mut sink = GpuSink::new(&mut dev, opts.dtype);
+        let model = Model::load(config, source, &mut sink)?;
+        let weights_bytes = sink.bytes;
+        let dims = model.dims();
+        let max_positions = model.config().max_position_embeddings;
         let sampling = sample::SampleState::new(&mut dev)?;
-        let config = host.config;
-        let geom = |blocks| KvGeometry::for_model(config, blocks, opts.block_size);
+        let block_size = opts.block_size;
+        let geom = |blocks| crate::model::kv_geometry(model.config(), blocks, block_size);
         let (gpu_blocks, cpu_blocks) = match opts.kv {
             KvSizing::Blocks { gpu, cpu } => (gpu, cpu),
             KvSizing::Utilization {
@@ -152,11 +142,8 @@ impl<D: Device> GpuExecutor<D> {
                 let per_block = KvPools::bytes_per_block(&geom(1), opts.dtype);
                 let profiled = profile_free_bytes(
                     &mut dev,
-                    &kernels,
-                    dims,
-                    &weights,
-                    opts,
-                    max_num_batched_tokens.min(dims.max_positions),
+                    (&kernels, &model, opts),
+                    max_num_batched_tokens.min(max_positions),
                     geom,
                 )?;
                 let gpu = blocks_for_fraction(profiled, fraction, per_block)?;
@@ -164,14 +151,12 @@ impl<D: Device> GpuExecutor<D> {
             }
         };
         if gpu_blocks == 0 {
-            return Err(GpuError::OutOfMemory(
-                "no room for a single KV block".into(),
-            ));
+            return Err(GpuError::out_of_memory("no room for a single KV block").into());
         }
         let kv = KvPools::new(&mut dev, geom(gpu_blocks), cpu_blocks, opts.dtype)?;
         tracing::info!(
             device = %dev.describe(),
-            weights_mib = weights.bytes >> 20,
+            weights_mib = weights_bytes >> 20,
             gpu_blocks,
             cpu_blocks,
             "GPU executor ready"
@@ -179,14 +164,30 @@ impl<D: Device> GpuExecutor<D> {
         Ok(Self {
             dev,
             dims,
+            max_positions,
             dtype: opts.dtype,
-            weights,
+            model,
             kv,
             scratch: Scratch::default(),
             kernels,
             graphs: Graphs::new(graphs::MAX_BUCKET, false),
             sampling,
         })
+    }
+
+    /// [`GpuExecutor::load`] from weights in memory (tests, benchmarks).
+    pub fn new<W: Into<model_loader::Weight>>(
+        dev: D,
+        config: ModelConfig,
+        weights: model_loader::ModelWeights<W>,
+        opts: GpuOptions,
+    ) -> Result<Self, BuildError> {
+        Self::load(
+            dev,
+            config,
+            &mut crate::model::InMemory::from(weights),
+            opts,
+        )
     }
 
     /// CUDA graphs for decode steps of up to `min(512, max_num_seqs)`
@@ -229,13 +230,9 @@ impl<D: Device> GpuExecutor<D> {
 /// Free device bytes after a forward pass of `tokens` tokens on a temporary
 /// pool just big enough for it (weights, workspace and library workspaces are
 /// then all allocated, as vLLM's profile run does).
-#[allow(clippy::too_many_arguments)]
 fn profile_free_bytes<D: Device>(
     dev: &mut D,
-    kernels: &Kernels,
-    dims: Dims,
-    weights: &DeviceWeights,
-    opts: GpuOptions,
+    (kernels, model, opts): (&Kernels, &Model<Gpu>, GpuOptions),
     tokens: usize,
     geom: impl Fn(usize) -> KvGeometry,
 ) -> Result<(usize, usize), GpuError> {
@@ -244,16 +241,14 @@ fn profile_free_bytes<D: Device>(
     let pool = KvPools::new(dev, geom(blocks), 0, opts.dtype)?;
     let batch = forward::profile_batch(tokens, opts.block_size);
     let mut scratch = Scratch::default();
-    let run = forward::run(
-        dev,
+    let parts = Parts {
         kernels,
-        dims,
-        opts.dtype,
-        weights,
-        &pool,
-        &mut scratch,
-        &batch,
-    );
+        model,
+        dims: model.dims(),
+        dtype: opts.dtype,
+        kv: &pool,
+    };
+    let run = forward::run(dev, &parts, &mut scratch, &batch);
     let info = dev.mem_info();
     scratch.release(dev)?;
     pool.release(dev)?;
@@ -281,7 +276,7 @@ fn blocks_for_fraction(
     let avail = free.saturating_sub(reserve);
     let blocks = avail / per_block.max(1);
     if blocks == 0 {
-        return Err(GpuError::OutOfMemory(format!(
+        return Err(GpuError::out_of_memory(format!(
             "after the weights and the profile run {} MiB are free of {} MiB; \
              utilization {fraction} leaves no room for a KV block of {per_block} bytes",
             free >> 20,
@@ -316,18 +311,21 @@ impl<D: Device> GpuExecutor<D> {
             batch,
             &self.kv.geometry(),
             self.dims.vocab,
-            self.dims.max_positions,
+            self.max_positions,
         )?;
         if let Some(bucket) = self.graphs.bucket_of(batch) {
             return Ok(self.graph_step(batch, bucket, out)?);
         }
+        let parts = Parts {
+            kernels: &self.kernels,
+            model: &self.model,
+            dims: self.dims,
+            dtype: self.dtype,
+            kv: &self.kv,
+        };
         Ok(forward::run_to(
             &mut self.dev,
-            &self.kernels,
-            self.dims,
-            self.dtype,
-            &self.weights,
-            &self.kv,
+            &parts,
             &mut self.scratch,
             batch,
             out,
@@ -348,9 +346,9 @@ impl<D: Device> GpuExecutor<D> {
         let pad = forward::Padding {
             bucket,
             kv: &self.kv,
-            max_context: self.dims.max_positions,
+            max_context: self.max_positions,
         };
-        let geometry = (self.kv.geometry().block_size, self.dims.max_positions);
+        let geometry = (self.kv.geometry().block_size, self.max_positions);
         let m = self
             .scratch
             .batch
@@ -368,19 +366,15 @@ impl<D: Device> GpuExecutor<D> {
             self.dev.drop_graph(old)?;
         }
         let counts = graphs::padded_counts(bucket);
+        let parts = Parts {
+            kernels: &self.kernels,
+            model: &self.model,
+            dims: self.dims,
+            dtype: self.dtype,
+            kv: &self.kv,
+        };
         let run = |dev: &mut D, scratch: &mut Scratch| {
-            forward::compute(
-                dev,
-                &self.kernels,
-                self.dims,
-                self.dtype,
-                &self.weights,
-                &self.kv,
-                scratch,
-                &counts,
-                &m,
-                out,
-            )
+            forward::compute(dev, &parts, scratch, &counts, &m, out)
         };
         // Eager first: computes this step and sizes every buffer, so that
         // the capture below allocates nothing.
@@ -403,35 +397,39 @@ impl<D: Device> GpuExecutor<D> {
 }
 
 impl<D: Device> Executor for GpuExecutor<D> {
-    fn execute(&mut self, ops: &BlockOps, batch: &ForwardBatch) -> Result<Logits, ExecError> {
-        match self.step(ops, batch, forward::Output::Logits)? {
-            forward::StepOut::Logits(l) => Ok(l),
-            forward::StepOut::Greedy(_) | forward::StepOut::Device(_) => Err(ExecError::Device(
-                "greedy rows where logits were asked".into(),
-            )),
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            greedy: true,
+            sampled: true,
+            count_slots: true,
         }
     }
 
-    fn execute_greedy(
+    fn execute(
         &mut self,
         ops: &BlockOps,
         batch: &ForwardBatch,
-    ) -> Result<Option<Vec<GreedyRow>>, ExecError> {
-        match self.step(ops, batch, forward::Output::Greedy)? {
-            forward::StepOut::Greedy(rows) => Ok(Some(rows)),
-            forward::StepOut::Logits(_) | forward::StepOut::Device(_) => Err(ExecError::Device(
-                "logits where greedy rows were asked".into(),
-            )),
+        sampling: &Sampling,
+    ) -> Result<StepOutput, ExecError> {
+        match sampling {
+            Sampling::Host => match self.step(ops, batch, forward::Output::Logits)? {
+                forward::StepOut::Logits(l) => Ok(StepOutput::Logits(l)),
+                forward::StepOut::Greedy(_) | forward::StepOut::Device(_) => Err(
+                    ExecError::WrongAnswer("greedy rows where logits were asked".into()),
+                ),
+            },
+            Sampling::Greedy => match self.step(ops, batch, forward::Output::Greedy)? {
+                forward::StepOut::Greedy(rows) => Ok(StepOutput::Drawn(DeviceOut {
+                    rows: rows.iter().map(SampleOut::from).collect(),
+                    host_rows: Vec::new(),
+                    logits: None,
+                })),
+                forward::StepOut::Logits(_) | forward::StepOut::Device(_) => Err(
+                    ExecError::WrongAnswer("logits where greedy rows were asked".into()),
+                ),
+            },
+            Sampling::Device(draws) => Ok(StepOutput::Drawn(self.sample_step(ops, batch, draws)?)),
         }
-    }
-
-    fn execute_sampled(
-        &mut self,
-        ops: &BlockOps,
-        batch: &ForwardBatch,
-        draws: &DeviceDraws,
-    ) -> Result<Option<DeviceOut>, ExecError> {
-        self.sample_step(ops, batch, draws).map(Some)
     }
 
     fn vocab_size(&self) -> usize {

@@ -163,7 +163,7 @@ impl<D: Device> GpuExecutor<D> {
                 })
             }
             StepOut::Greedy(_) => {
-                return Err(ExecError::Device(
+                return Err(ExecError::WrongAnswer(
                     "greedy rows where device logits were asked".into(),
                 ))
             }

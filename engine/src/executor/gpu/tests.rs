@@ -4,10 +4,13 @@
 //! In f32 the two must agree to rounding; in bf16 to bf16 tolerance.
 
 use super::{DType, EmuDevice, GpuError, GpuExecutor, GpuOptions, KvSizing};
-use crate::executor::{BlockOps, CpuExecutor, ExecError, Executor, ForwardBatch, SeqSpan};
+use crate::executor::test_run::Run;
+use crate::executor::{
+    BlockOps, BuildError, CpuExecutor, ExecError, Executor, ForwardBatch, SeqSpan,
+};
 use crate::kv::{BlockCopy, BlockId};
 use crate::model::test_util::{random_weights, tiny_config};
-use crate::model::{Kv, LayerKv, LlamaModel};
+use crate::model::{CpuModel, Kv, LayerKv};
 use model_loader::ModelConfig;
 
 mod graphs;
@@ -34,7 +37,7 @@ fn pair(head_dim: usize, dtype: DType) -> (CpuExecutor, GpuExecutor<EmuDevice>) 
 }
 
 fn pair_of(c: ModelConfig, dtype: DType) -> (CpuExecutor, GpuExecutor<EmuDevice>) {
-    let model = LlamaModel::new(c.clone(), random_weights(&c, 11)).expect("model");
+    let model = CpuModel::new(c.clone(), random_weights(&c, 11)).expect("model");
     let opts = GpuOptions {
         dtype,
         block_size: BS,
@@ -43,7 +46,8 @@ fn pair_of(c: ModelConfig, dtype: DType) -> (CpuExecutor, GpuExecutor<EmuDevice>
             cpu: CPU_BLOCKS,
         },
     };
-    let gpu = GpuExecutor::new(EmuDevice::new(), &model, opts).expect("gpu executor");
+    let gpu = GpuExecutor::new(EmuDevice::new(), c.clone(), random_weights(&c, 11), opts)
+        .expect("gpu executor");
     let cpu = CpuExecutor::new(model, BLOCKS, CPU_BLOCKS, BS).expect("cpu executor");
     (cpu, gpu)
 }
@@ -99,8 +103,8 @@ fn step(
     ops: &BlockOps,
     b: &ForwardBatch,
 ) -> (f32, f32) {
-    let want = cpu.execute(ops, b).expect("cpu step");
-    let got = gpu.execute(ops, b).expect("gpu step");
+    let want = cpu.logits(ops, b).expect("cpu step");
+    let got = gpu.logits(ops, b).expect("gpu step");
     assert_eq!((got.rows, got.vocab), (want.rows, want.vocab));
     assert!(got.data.iter().all(|v| v.is_finite()), "non-finite logits");
     let diff = got
@@ -363,8 +367,8 @@ fn block_operations_move_the_same_bytes_as_on_the_cpu() {
         copies: vec![cp(3, 9), cp(4, 10), cp(3, 11)],
     };
     let empty = ForwardBatch::default();
-    cpu.execute(&ops, &empty).expect("cpu ops");
-    gpu.execute(&ops, &empty).expect("gpu ops");
+    cpu.logits(&ops, &empty).expect("cpu ops");
+    gpu.logits(&ops, &empty).expect("gpu ops");
     pools_equal(&cpu, &mut gpu, 0.0, &(0..12).collect::<Vec<_>>());
     for b in [0usize, 5] {
         let got = gpu.read_block(b, true).expect("host block");
@@ -402,7 +406,7 @@ fn a_bad_block_id_moves_nothing() {
             },
         ],
     };
-    let err = gpu.execute(&ops, &ForwardBatch::default()).unwrap_err();
+    let err = gpu.logits(&ops, &ForwardBatch::default()).unwrap_err();
     assert!(matches!(err, ExecError::BlockOutOfRange(BlockId(b)) if b == BLOCKS as u32));
     assert_eq!(gpu.read_block(2, false).expect("block"), before);
     let swap = BlockOps {
@@ -412,7 +416,7 @@ fn a_bad_block_id_moves_nothing() {
         }],
         ..BlockOps::default()
     };
-    assert!(gpu.execute(&swap, &ForwardBatch::default()).is_err());
+    assert!(gpu.logits(&swap, &ForwardBatch::default()).is_err());
 }
 
 #[test]
@@ -429,7 +433,7 @@ fn an_invalid_batch_is_refused_before_any_launch() {
     b.token_ids[1] = v as u32;
     let before = gpu.device().launches;
     assert!(matches!(
-        gpu.execute(&BlockOps::default(), &b),
+        gpu.logits(&BlockOps::default(), &b),
         Err(ExecError::InvalidBatch(_))
     ));
     let mut b2 = batch(&[Part {
@@ -440,7 +444,7 @@ fn an_invalid_batch_is_refused_before_any_launch() {
     }]);
     b2.slot_mapping[0] += 1;
     assert!(matches!(
-        gpu.execute(&BlockOps::default(), &b2),
+        gpu.logits(&BlockOps::default(), &b2),
         Err(ExecError::InvalidBatch(_))
     ));
     assert_eq!(gpu.device().launches, before);
@@ -456,13 +460,12 @@ fn unsupported_models_and_sizes_are_typed_errors() {
     let mut c = config(16);
     c.head_dim = 8;
     c.hidden_size = 32;
-    let m = LlamaModel::new(c.clone(), random_weights(&c, 1)).expect("model");
+    let w = random_weights(&c, 1);
     assert!(matches!(
-        GpuExecutor::new(EmuDevice::new(), &m, opts),
-        Err(GpuError::Unsupported(_))
+        GpuExecutor::new(EmuDevice::new(), c.clone(), w, opts),
+        Err(BuildError::Exec(ExecError::Gpu(GpuError::Unsupported(_))))
     ));
     let c = config(16);
-    let m = LlamaModel::new(c.clone(), random_weights(&c, 1)).expect("model");
     let util = GpuOptions {
         kv: KvSizing::Utilization {
             fraction: 0.9,
@@ -472,10 +475,16 @@ fn unsupported_models_and_sizes_are_typed_errors() {
         ..opts
     };
     // The emulator cannot report memory: sizing by utilization must say so.
-    let e = GpuExecutor::new(EmuDevice::new(), &m, util)
+    let e = GpuExecutor::new(EmuDevice::new(), c.clone(), random_weights(&c, 1), util)
         .err()
         .expect("refused");
-    assert!(matches!(e, GpuError::Unsupported(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            BuildError::Exec(ExecError::Gpu(GpuError::Unsupported(_)))
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -487,7 +496,7 @@ fn utilization_sizing_follows_vllms_formula() {
     assert_eq!(n, 62);
     assert!(matches!(
         blocks_for_fraction((5 * gib, 80 * gib), 0.9, gib),
-        Err(GpuError::OutOfMemory(_))
+        Err(GpuError::OutOfMemory { .. })
     ));
     assert!(blocks_for_fraction((70 * gib, 80 * gib), 1.5, gib).is_err());
 }
@@ -498,10 +507,9 @@ fn greedy_rows_on_the_device_equal_the_cpu_sampler() {
     let (mut cpu, mut gpu) = pair(64, DType::F32);
     let b = two_prompts_four_rows(config(64).vocab_size);
     let none = BlockOps::default();
-    let logits = cpu.execute(&none, &b).expect("cpu step");
+    let logits = cpu.logits(&none, &b).expect("cpu step");
     let rows = gpu
-        .execute_greedy(&none, &b)
-        .expect("gpu step")
+        .greedy(&none, &b)
         .expect("the GPU executor reduces greedy rows");
     assert_eq!(rows.len(), 4);
     for (i, r) in rows.iter().enumerate() {
@@ -514,8 +522,9 @@ fn greedy_rows_on_the_device_equal_the_cpu_sampler() {
             want.logprob
         );
     }
-    // The CPU executor has no device path: it says so and runs nothing.
-    assert!(cpu.execute_greedy(&none, &b).expect("cpu").is_none());
+    // The CPU executor declares no device path and refuses one.
+    assert!(!cpu.capabilities().greedy);
+    assert!(cpu.greedy(&none, &b).is_err());
 }
 
 #[test]
@@ -524,11 +533,11 @@ fn a_greedy_step_downloads_twelve_bytes_per_row_not_the_vocabulary() {
     let (mut gpu, counters, b) = counting_five_decode_rows(&c, false);
     let none = BlockOps::default();
     let before = counters.get();
-    gpu.execute_greedy(&none, &b).expect("greedy step");
+    gpu.greedy(&none, &b).expect("greedy step");
     let greedy = counters.get().since(&before);
     assert_eq!((greedy.downloads, greedy.download_bytes), (1, 5 * 12));
     let before = counters.get();
-    gpu.execute(&none, &b).expect("logits step");
+    gpu.logits(&none, &b).expect("logits step");
     let full = counters.get().since(&before);
     assert_eq!(full.download_bytes, (5 * c.vocab_size * 4) as u64);
     // The greedy step is the logits step plus one reduction launch.
@@ -577,10 +586,9 @@ fn sampled_rows_on_the_device_equal_the_cpu_sampler() {
         .map(|(i, p)| DeviceRow::of(p, 1234 + i as u64, i % 2, 3 * i))
         .collect();
     let none = BlockOps::default();
-    let logits = cpu.execute(&none, &b).expect("cpu step");
+    let logits = cpu.logits(&none, &b).expect("cpu step");
     let got = gpu
-        .execute_sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
-        .expect("gpu step")
+        .sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
         .expect("the GPU executor samples on the device")
         .rows;
     assert_eq!(got.len(), 4);
@@ -602,13 +610,13 @@ fn sampled_rows_on_the_device_equal_the_cpu_sampler() {
     }
     // A row count that does not match the logits rows is refused.
     assert!(gpu
-        .execute_sampled(&none, &b, &DeviceDraws::plain(rows[..3].to_vec()))
+        .sampled(&none, &b, &DeviceDraws::plain(rows[..3].to_vec()))
         .is_err());
-    // The CPU executor has no device path: it says so and runs nothing.
+    // The CPU executor declares no device path and refuses one.
+    assert!(!cpu.capabilities().sampled);
     assert!(cpu
-        .execute_sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
-        .expect("cpu")
-        .is_none());
+        .sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
+        .is_err());
     // A mixed step: rows 1 and 3 come back as logits (the CPU's, to
     // rounding), row 2 is biased on the device; rows 0 and 2 are drawn there.
     let mut mixed = DeviceDraws {
@@ -626,10 +634,7 @@ fn sampled_rows_on_the_device_equal_the_cpu_sampler() {
     for (i, r) in rows.iter().enumerate() {
         mixed.push(*r, (i == 2).then(|| bias.clone()));
     }
-    let out = gpu
-        .execute_sampled(&none, &b, &mixed)
-        .expect("mixed step")
-        .expect("device path");
+    let out = gpu.sampled(&none, &b, &mixed).expect("mixed step");
     let host = out.logits.expect("host rows' logits");
     assert_eq!((host.rows, out.host_rows), (2, vec![1, 3]));
     for (k, r) in [1, 3].into_iter().enumerate() {
@@ -662,9 +667,9 @@ fn a_mixed_step_downloads_only_its_host_rows() {
         ..DeviceDraws::default()
     };
     let none = BlockOps::default();
-    gpu.execute(&none, &b).expect("warm-up step");
+    gpu.logits(&none, &b).expect("warm-up step");
     let before = counters.get();
-    gpu.execute_sampled(&none, &b, &draws).expect("mixed step");
+    gpu.sampled(&none, &b, &draws).expect("mixed step");
     let step = counters.get().since(&before);
     assert_eq!(
         (step.downloads, step.download_bytes),
@@ -675,7 +680,7 @@ fn a_mixed_step_downloads_only_its_host_rows() {
         host_rows: vec![5],
         ..draws
     };
-    assert!(gpu.execute_sampled(&none, &b, &bad).is_err());
+    assert!(gpu.sampled(&none, &b, &bad).is_err());
 }
 
 #[test]
@@ -696,15 +701,15 @@ fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
     let none = BlockOps::default();
     // A first step uploads the block tables (the persistent batch then
     // sends only what changes): both measured steps below start warm.
-    gpu.execute(&none, &b).expect("warm-up step");
+    gpu.logits(&none, &b).expect("warm-up step");
     let before = counters.get();
-    gpu.execute_sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
+    gpu.sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
         .expect("sampled step");
     let sampled = counters.get().since(&before);
     // token, logprob and two (token, logprob) pairs per row.
     assert_eq!((sampled.downloads, sampled.download_bytes), (1, 5 * 6 * 4));
     let before = counters.get();
-    gpu.execute(&none, &b).expect("logits step");
+    gpu.logits(&none, &b).expect("logits step");
     let full = counters.get().since(&before);
     assert_eq!(sampled.launches, full.launches + 1);
     // The step's uploads plus the parameter words (10 per row).
@@ -716,7 +721,7 @@ fn a_sampled_step_downloads_its_draws_not_the_vocabulary() {
     for _ in 0..2 {
         let before = counters.get();
         graphed
-            .execute_sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
+            .sampled(&none, &b, &DeviceDraws::plain(rows.clone()))
             .expect("sampled graph step");
         let step = counters.get().since(&before);
         assert_eq!((step.downloads, step.download_bytes), (1, 5 * 6 * 4));
@@ -738,7 +743,6 @@ fn counting_five_decode_rows(
     super::CountersHandle,
     ForwardBatch,
 ) {
-    let model = LlamaModel::new(c.clone(), random_weights(c, 3)).expect("model");
     let opts = GpuOptions {
         dtype: DType::Bf16,
         block_size: BS,
@@ -749,7 +753,7 @@ fn counting_five_decode_rows(
     };
     let dev = super::CountingDevice::new(1 << 30);
     let counters = dev.counters();
-    let gpu = GpuExecutor::new(dev, &model, opts)
+    let gpu = GpuExecutor::new(dev, c.clone(), random_weights(c, 3), opts)
         .expect("gpu executor")
         .with_cuda_graphs(8, eager);
     let parts: Vec<(Vec<u32>, Vec<BlockId>)> = (0..5)

@@ -1,112 +1,161 @@
-//! Model weights on the device: converted once from a [`HostModel`]'s f32
-//! matrices to the executor's [`DType`] and uploaded, one allocation per
-//! tensor. Layouts are unchanged (`[out, in]` row-major; q/k/v and gate/up
-//! fused), so the fused q/k/v projection is one GEMM.
+//! The GPU's weight formats ([`Gpu`]) and [`GpuSink`], which takes a model's
+//! tensors straight from the loader to the device: each linear layer's
+//! parts (fused q/k/v, gate/up) converted to the executor's [`DType`] in
+//! bounded row chunks and uploaded into one buffer, norms in the dtype,
+//! rotary tables in f32. Layouts are the model file's (`[out, in]`
+//! row-major), so a fused layer is one GEMM.
+//!
+//! Invariant: host memory for a conversion is bounded by
+//! [`CHUNK_BYTES`] of f32 (plus its encoding), whatever the tensor: a
+//! quantized GGUF tensor is dequantized a row range at a time, never whole,
+//! and nothing of the model stays on the host once uploaded.
+//!
+//! Cost: O(parameters) conversion and upload, once.
 
 use super::device::{DType, DevBuf, DevPtr, Device};
 use super::GpuError;
-use crate::executor::HostWeights;
+use crate::executor::BuildError;
+use crate::model::backend::{Format, WeightSink};
+use crate::model::ops::RopeTables;
+use model_loader::Weight;
 
-/// One decoder layer on the device.
-pub struct LayerWeights {
-    pub attn_norm: DevBuf,
-    /// `[q + 2 kv, hidden]`.
-    pub qkv: DevBuf,
-    /// Qwen2's q/k/v biases, `[q + 2 kv]`, broadcast into the projection's
-    /// output before the GEMM accumulates onto it.
-    pub qkv_bias: Option<DevBuf>,
-    pub o: DevBuf,
-    pub ffn_norm: DevBuf,
-    /// `[2 * intermediate, hidden]`, gate rows then up rows.
-    pub gate_up: DevBuf,
-    pub down: DevBuf,
+/// Most f32 bytes converted at once while uploading a matrix.
+pub const CHUNK_BYTES: usize = 16 << 20;
+
+/// The GPU's weight formats.
+#[derive(Debug, Clone, Copy)]
+pub struct Gpu;
+
+impl Format for Gpu {
+    type Matrix = GpuMatrix;
+    type Vector = DevBuf;
+    type Rope = GpuRope;
 }
 
-/// Every weight of the model on the device, plus the rotary table.
-pub struct DeviceWeights {
-    pub embedding: DevBuf,
-    /// `None` when tied to the embedding.
-    pub lm_head: Option<DevBuf>,
-    pub final_norm: DevBuf,
-    pub layers: Vec<LayerWeights>,
-    /// `f32[max_positions, head_dim]`: cosines then sines per position.
+/// A linear layer on the device: `[rows, cols]` in the executor's dtype,
+/// and its bias `[rows]` (Qwen2's q/k/v).
+#[derive(Debug)]
+pub struct GpuMatrix {
+    pub buf: DevBuf,
+    pub bias: Option<DevBuf>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// A rotary table on the device: `f32[max_positions, head_dim]`, each row
+/// the cosines then the sines of its position.
+#[derive(Debug)]
+pub struct GpuRope {
     pub cos_sin: DevBuf,
-    /// Bytes uploaded.
+    pub max_positions: usize,
+}
+
+/// Uploads a model's weights to `dev` in `dtype` (see the module docs).
+pub struct GpuSink<'d> {
+    dev: &'d mut dyn Device,
+    dtype: DType,
+    /// Bytes uploaded so far.
     pub bytes: usize,
 }
 
-impl DeviceWeights {
-    /// The LM head's address (the embedding when tied).
-    pub fn lm_head_ptr(&self) -> DevPtr {
-        self.lm_head.as_ref().unwrap_or(&self.embedding).ptr
+impl<'d> GpuSink<'d> {
+    pub fn new(dev: &'d mut dyn Device, dtype: DType) -> Self {
+        Self {
+            dev,
+            dtype,
+            bytes: 0,
+        }
     }
 
-    /// Converts and uploads the weights. Refuses matrices of the wrong size
-    /// (a quantized model must go through `LlamaModel::to_f32` first) with
-    /// [`GpuError::Unsupported`]. O(parameters).
-    pub fn upload(dev: &mut dyn Device, w: &HostWeights<'_>, t: DType) -> Result<Self, GpuError> {
-        check_sizes(w)?;
-        let mut bytes = 0;
-        let mut put = |dev: &mut dyn Device, v: &[f32], t: DType| -> Result<DevBuf, GpuError> {
-            let data = t.encode(v);
-            let buf = dev.alloc(data.len())?;
-            dev.upload(buf.ptr, &data)?;
-            bytes += data.len();
-            Ok(buf)
-        };
-        let mut layers = Vec::with_capacity(w.layers.len());
-        for l in &w.layers {
-            layers.push(LayerWeights {
-                attn_norm: put(dev, l.attn_norm, t)?,
-                qkv: put(dev, l.qkv, t)?,
-                qkv_bias: l.qkv_bias.map(|b| put(dev, b, t)).transpose()?,
-                o: put(dev, l.o, t)?,
-                ffn_norm: put(dev, l.ffn_norm, t)?,
-                gate_up: put(dev, l.gate_up, t)?,
-                down: put(dev, l.down, t)?,
-            });
+    fn alloc(&mut self, bytes: usize) -> Result<DevBuf, GpuError> {
+        let buf = self.dev.alloc(bytes)?;
+        self.bytes += bytes;
+        Ok(buf)
+    }
+
+    /// `values` in `t`, uploaded into a new buffer.
+    fn put(&mut self, values: &[f32], t: DType) -> Result<DevBuf, GpuError> {
+        let data = t.encode(values);
+        let buf = self.alloc(data.len())?;
+        self.dev.upload(buf.ptr, &data)?;
+        Ok(buf)
+    }
+
+    /// Uploads one matrix part's rows at `dst`, `CHUNK_BYTES` of f32 at a time.
+    fn put_rows(&mut self, dst: DevPtr, part: &Weight, cols: usize) -> Result<usize, GpuError> {
+        let rows = part.shape().first().copied().unwrap_or(0);
+        let per = (CHUNK_BYTES / (4 * cols.max(1))).max(1);
+        let mut f32s = Vec::new();
+        let mut r = 0;
+        while r < rows {
+            let end = (r + per).min(rows);
+            f32s.resize((end - r) * cols, 0.0);
+            rows_f32(part, r..end, cols, &mut f32s)?;
+            let data = self.dtype.encode(&f32s);
+            self.dev
+                .upload(dst.offset(r * cols * self.dtype.size()), &data)?;
+            r = end;
         }
-        let embedding = put(dev, w.embedding, t)?;
-        let tied = std::ptr::eq(w.lm_head.as_ptr(), w.embedding.as_ptr());
-        let lm_head = if tied {
-            None
-        } else {
-            Some(put(dev, w.lm_head, t)?)
-        };
-        let final_norm = put(dev, w.final_norm, t)?;
-        let cos_sin = put(dev, &w.cos_sin, DType::F32)?;
-        Ok(Self {
-            embedding,
-            lm_head,
-            final_norm,
-            layers,
-            cos_sin,
-            bytes,
-        })
+        Ok(rows)
     }
 }
 
-/// Every matrix of `w` holds the f32 count its shape needs.
-fn check_sizes(w: &HostWeights<'_>) -> Result<(), GpuError> {
-    let c = w.config;
-    let (h, hd, ff, v) = (c.hidden_size, c.head_dim, c.intermediate_size, c.vocab_size);
-    let (q, kv) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
-    let check = |name: String, got: usize, want: usize| {
-        if got == want {
-            Ok(())
-        } else {
-            Err(GpuError::Unsupported(format!(
-                "weight {name}: {got} f32 values, expected {want} (quantized matrices must be dequantized before the upload)"
-            )))
+/// Rows `range` of a matrix part as f32 (dequantized when quantized).
+fn rows_f32(
+    w: &Weight,
+    range: std::ops::Range<usize>,
+    cols: usize,
+    out: &mut [f32],
+) -> Result<(), GpuError> {
+    match w {
+        Weight::F32(t) => out.copy_from_slice(&t.data[range.start * cols..range.end * cols]),
+        Weight::Quantized(q) => {
+            let rb = q.row_bytes();
+            let bytes = &q.bytes[range.start * rb..range.end * rb];
+            model_loader::quant::dequantize_row(q.ty, bytes, out);
         }
-    };
-    check("embedding".into(), w.embedding.len(), v * h)?;
-    check("lm_head".into(), w.lm_head.len(), v * h)?;
-    for (i, l) in w.layers.iter().enumerate() {
-        check(format!("layers.{i}.qkv"), l.qkv.len(), (q + 2 * kv) * h)?;
-        check(format!("layers.{i}.o"), l.o.len(), h * q)?;
-        check(format!("layers.{i}.gate_up"), l.gate_up.len(), 2 * ff * h)?;
-        check(format!("layers.{i}.down"), l.down.len(), h * ff)?;
     }
     Ok(())
+}
+
+impl WeightSink for GpuSink<'_> {
+    type Format = Gpu;
+    type Error = BuildError;
+
+    fn matrix(
+        &mut self,
+        _name: &str,
+        parts: Vec<Weight>,
+        in_features: usize,
+        bias: Option<Vec<f32>>,
+    ) -> Result<GpuMatrix, BuildError> {
+        let rows: usize = parts
+            .iter()
+            .map(|p| p.shape().first().copied().unwrap_or(0))
+            .sum();
+        let buf = self.alloc(rows * in_features * self.dtype.size())?;
+        let mut row = 0;
+        for p in &parts {
+            let at = buf.ptr.offset(row * in_features * self.dtype.size());
+            row += self.put_rows(at, p, in_features)?;
+        }
+        let bias = bias.map(|b| self.put(&b, self.dtype)).transpose()?;
+        Ok(GpuMatrix {
+            buf,
+            bias,
+            rows,
+            cols: in_features,
+        })
+    }
+
+    fn vector(&mut self, _name: &str, values: Vec<f32>) -> Result<DevBuf, BuildError> {
+        Ok(self.put(&values, self.dtype)?)
+    }
+
+    fn rope(&mut self, table: RopeTables) -> Result<GpuRope, BuildError> {
+        Ok(GpuRope {
+            cos_sin: self.put(&table.cos_sin_cache(), DType::F32)?,
+            max_positions: table.max_positions(),
+        })
+    }
 }

@@ -8,34 +8,54 @@
 //! Cost: one launch (v1, prefill) or two (v2 + reduce) per layer; the split-K
 //! scratch grows to the largest batch seen and is kept in [`Scratch`].
 
-use super::{ensure, u, Dims, Launcher, Meta, Scratch};
-use crate::executor::gpu::device::{DevPtr, ThreadsFor};
+use super::{ensure, u, Kernels, Meta, Scratch};
+use crate::executor::gpu::device::{DevPtr, Device, ThreadsFor};
 use crate::executor::gpu::GpuError;
 use crate::executor::ForwardBatch;
+use crate::model::Dims;
 use gpu_kernels::{launch as geom, KernelArg};
+
+/// One layer's attention buffers and settings.
+pub(super) struct AttnArgs {
+    /// Rotated queries, `[tokens, heads, head_dim]`.
+    pub q: DevPtr,
+    /// `[tokens, heads, head_dim]`.
+    pub out: DevPtr,
+    /// The layer's K and V caches.
+    pub kc: DevPtr,
+    pub vc: DevPtr,
+    /// Multiplies `q . k`.
+    pub scale: f32,
+    /// Sliding window (`None`: all keys up to the query's position).
+    pub window: Option<usize>,
+}
 
 /// Attention of one layer: decode kernels when every sequence has one query
 /// token, else the prefill kernel over the whole (mixed) batch.
 ///
 /// # Safety
-/// As [`super::run`]: `q`/`out` hold the batch's tokens, `kc`/`vc` a layer's caches.
+/// As [`super::run`]: `a.q`/`a.out` hold the batch's tokens, `a.kc`/`a.vc`
+/// a layer's caches.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn attention(
-    l: &mut Launcher<'_>,
+    dev: &mut dyn Device,
+    k: &Kernels,
     s: &mut Scratch,
     d: &Dims,
     m: &Meta,
     batch: &ForwardBatch,
     bs: usize,
-    q: DevPtr,
-    out: DevPtr,
-    kc: DevPtr,
-    vc: DevPtr,
+    a: &AttnArgs,
 ) -> Result<(), GpuError> {
+    if a.window.is_some() {
+        return Err(GpuError::Unsupported(
+            "sliding-window attention (the kernels take no window yet)".into(),
+        ));
+    }
     let (n, seqs) = (batch.token_ids.len(), batch.seqs.len());
-    let hd = d.head_dim;
-    let scale = KernelArg::F32(1.0 / (hd as f32).sqrt());
-    let threads = l.dev.threads(ThreadsFor::Attention);
+    let (hd, q, out, kc, vc) = (d.head_dim, a.q, a.out, a.kc, a.vc);
+    let scale = KernelArg::F32(a.scale);
+    let threads = dev.threads(ThreadsFor::Attention);
     let common = [kc.arg(), vc.arg(), m.tables.arg(), m.context_lens.arg()];
     if m.all_decode {
         let plan = geom::plan_decode(geom::DecodeShape {
@@ -46,7 +66,7 @@ pub(super) unsafe fn attention(
             max_context_len: m.max_context as u32,
             total_context_len: m.total_context as u64,
             block_size: bs as u32,
-            sm_count: l.dev.sm_count(),
+            sm_count: dev.sm_count(),
             threads,
         });
         let [kc, vc, tables, lens] = common;
@@ -67,7 +87,7 @@ pub(super) unsafe fn attention(
                 ];
                 // SAFETY: forwarded to the caller; the plan's geometry and
                 // shared memory are the kernel's (no context-length limit).
-                return unsafe { l.run(l.k.paged_v1, cfg, &args) };
+                return unsafe { dev.launch(k.paged_v1, cfg, &args) };
             }
             geom::DecodePlan::V2 {
                 attention,
@@ -82,9 +102,9 @@ pub(super) unsafe fn attention(
             ),
         };
         let slots = seqs * d.heads * max_partitions;
-        let tmp = ensure(l.dev, &mut s.split_out, slots * hd * 4)?;
-        let maxl = ensure(l.dev, &mut s.split_max, slots * 4)?;
-        let sums = ensure(l.dev, &mut s.split_sum, slots * 4)?;
+        let tmp = ensure(dev, &mut s.split_out, slots * hd * 4)?;
+        let maxl = ensure(dev, &mut s.split_max, slots * 4)?;
+        let sums = ensure(dev, &mut s.split_sum, slots * 4)?;
         let args = [
             tmp.arg(),
             maxl.arg(),
@@ -103,7 +123,7 @@ pub(super) unsafe fn attention(
         ];
         // SAFETY: forwarded; scratch sized for `max_partitions` partitions per
         // (seq, head), as the plan's grid writes.
-        unsafe { l.run(l.k.paged_v2, cfg, &args) }?;
+        unsafe { dev.launch(k.paged_v2, cfg, &args) }?;
         let args = [
             out.arg(),
             tmp.arg(),
@@ -114,11 +134,11 @@ pub(super) unsafe fn attention(
             u(max_partitions),
         ];
         // SAFETY: as above, reading what v2 wrote.
-        return unsafe { l.run(l.k.paged_v2_reduce, reduce, &args) };
+        return unsafe { dev.launch(k.paged_v2_reduce, reduce, &args) };
     }
     // One rule (`geom::choose_prefill`, applied when the kernels were resolved):
     // tensor cores for bf16/f16 at head sizes that are multiples of 16.
-    let cfg = match l.k.prefill_kind {
+    let cfg = match k.prefill_kind {
         geom::PrefillKernel::Mma => {
             geom::prefill_mma(n as u32, seqs as u32, d.heads as u32, hd as u32, threads)
         }
@@ -143,5 +163,5 @@ pub(super) unsafe fn attention(
     ];
     // SAFETY: forwarded; query_start_loc has `seqs + 1` entries from 0, each
     // span's query is its last tokens (validated).
-    unsafe { l.run(l.k.prefill, cfg, &args) }
+    unsafe { dev.launch(k.prefill, cfg, &args) }
 }

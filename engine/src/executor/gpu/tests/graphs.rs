@@ -5,6 +5,7 @@
 
 use super::super::device::{Device, Gemm, ThreadsFor};
 use super::*;
+use crate::executor::test_run::Run;
 use gpu_kernels::{launch as geom, KernelArg};
 
 /// `c = rms_norm(x) * w` then `c2 = c W^T`, on `rows` rows of `h`: one
@@ -132,14 +133,8 @@ fn run_step(
     b: &ForwardBatch,
 ) -> Vec<u32> {
     let none = BlockOps::default();
-    let want = eager
-        .execute_greedy(&none, b)
-        .expect("eager")
-        .expect("rows");
-    let got = graphs
-        .execute_greedy(&none, b)
-        .expect("graph")
-        .expect("rows");
+    let want = eager.greedy(&none, b).expect("eager");
+    let got = graphs.greedy(&none, b).expect("graph");
     assert_eq!(want.len(), got.len());
     for (i, (w, g)) in want.iter().zip(&got).enumerate() {
         assert_eq!(w.token, g.token, "row {i}");
@@ -170,7 +165,6 @@ fn decode_batch(seqs: &[Seq]) -> ForwardBatch {
 fn graph_decode_gives_the_eager_ids_as_sequences_join_and_leave() {
     let c = config(16);
     let v = c.vocab_size;
-    let model = LlamaModel::new(c.clone(), random_weights(&c, 5)).expect("model");
     let opts = GpuOptions {
         dtype: DType::F32,
         block_size: BS,
@@ -180,7 +174,7 @@ fn graph_decode_gives_the_eager_ids_as_sequences_join_and_leave() {
         },
     };
     let exec = |eager: bool| {
-        GpuExecutor::new(EmuDevice::new(), &model, opts)
+        GpuExecutor::new(EmuDevice::new(), c.clone(), random_weights(&c, 5), opts)
             .expect("gpu executor")
             .with_cuda_graphs(16, eager)
     };
@@ -260,7 +254,6 @@ fn graph_decode_gives_the_eager_ids_as_sequences_join_and_leave() {
 fn a_graph_decode_step_is_one_launch_and_uploads_only_what_changed() {
     use super::super::CountingDevice;
     let c = config(64);
-    let model = LlamaModel::new(c.clone(), random_weights(&c, 3)).expect("model");
     let opts = GpuOptions {
         dtype: DType::Bf16,
         block_size: BS,
@@ -271,7 +264,8 @@ fn a_graph_decode_step_is_one_launch_and_uploads_only_what_changed() {
     };
     let dev = CountingDevice::new(1 << 30);
     let counters = dev.counters();
-    let mut gpu = GpuExecutor::new(dev, &model, opts).expect("gpu executor");
+    let mut gpu =
+        GpuExecutor::new(dev, c.clone(), random_weights(&c, 3), opts).expect("gpu executor");
     // Five sequences decoding at `past`, sequence 0's table `blocks0` long.
     let step = |gpu: &mut GpuExecutor<CountingDevice>, past: usize, blocks0: usize| {
         let parts: Vec<(Vec<u32>, Vec<BlockId>)> = (0..5)
@@ -292,10 +286,7 @@ fn a_graph_decode_step_is_one_launch_and_uploads_only_what_changed() {
                 .collect::<Vec<_>>(),
         );
         let before = counters.get();
-        let rows = gpu
-            .execute_greedy(&BlockOps::default(), &b)
-            .expect("step")
-            .expect("rows");
+        let rows = gpu.greedy(&BlockOps::default(), &b).expect("step");
         assert_eq!(rows.len(), 5);
         counters.get().since(&before)
     };

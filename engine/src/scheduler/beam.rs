@@ -22,10 +22,10 @@
 //!
 //! Cost per step: O(width^2 log width) for the ranking, plus the forks.
 
-use super::finish_reason;
+use super::output::RequestOutput;
+use super::update::finish_reason;
+use super::{FinishReason, Hypothesis, RequestId, Scheduler, SequenceGroup};
 use crate::kv::KvCacheManager;
-use crate::scheduler::{FinishReason, Hypothesis, RequestId, Scheduler, SequenceGroup};
-use crate::RequestOutput;
 
 /// One ranked candidate: parent beam, token, its logprob, new cumulative.
 #[derive(Debug, Clone, Copy)]
@@ -57,10 +57,9 @@ pub(super) fn step(
         return None;
     }
     let d = decide(group, eos, max_model_len);
-    let group = sched.group_mut(id)?;
+    let group = sched.groups.get_mut(&id)?;
     group.hypotheses.extend(d.hypotheses);
     if d.done || d.beams.is_empty() {
-        let group = sched.group_mut(id)?;
         rank_hypotheses(group);
         return sched.finish_group(kv, id, FinishReason::Stop);
     }
@@ -193,7 +192,7 @@ fn apply(
     kv: &mut dyn KvCacheManager,
     id: RequestId,
     beams: &[Cand],
-) -> Result<(), crate::EngineError> {
+) -> Result<(), crate::error::EngineError> {
     let num_parents = sched.group(id).map_or(0, |g| g.seqs.len());
     let mut used = vec![false; num_parents];
     let mut targets = Vec::with_capacity(beams.len());
@@ -206,7 +205,7 @@ fn apply(
         };
         targets.push((index, *c));
     }
-    let Some(group) = sched.group_mut(id) else {
+    let Some(group) = sched.groups.get_mut(&id) else {
         return Ok(());
     };
     let k = group.params.sampling.logprobs.unwrap_or(0);

@@ -1,8 +1,10 @@
-//! What a step reports per request.
+//! What a step reports per request ([`RequestOutput`]), and [`Outputs`],
+//! one step's outputs in first-touched order.
 
+use super::{FinishReason, RequestId};
 use crate::error::EngineError;
 use crate::sampler::PromptLogprob;
-use crate::scheduler::{FinishReason, RequestId};
+use std::collections::HashMap;
 
 /// New tokens of one sequence of a request since the previous output.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,7 +22,7 @@ pub struct SeqOutput {
 }
 
 /// One request's news from one step.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct RequestOutput {
     pub request_id: RequestId,
     pub seqs: Vec<SeqOutput>,
@@ -82,5 +84,33 @@ impl RequestOutput {
             .iter()
             .find(|s| s.index == 0)
             .map_or(&[], |s| &s.new_token_ids)
+    }
+}
+
+/// Outputs of one step in first-touched order.
+#[derive(Debug, Default)]
+pub struct Outputs {
+    list: Vec<RequestOutput>,
+    index: HashMap<RequestId, usize>,
+}
+
+impl Outputs {
+    /// The output of request `id`, created on first use.
+    pub fn get(&mut self, id: RequestId) -> &mut RequestOutput {
+        let i = *self.index.entry(id).or_insert_with(|| {
+            self.list.push(RequestOutput::new(id));
+            self.list.len() - 1
+        });
+        &mut self.list[i]
+    }
+
+    /// Replaces request `id`'s output with its failure.
+    pub fn push_failed(&mut self, id: RequestId, error: EngineError) {
+        *self.get(id) = RequestOutput::failed(id, error);
+    }
+
+    /// The outputs, in first-touched order.
+    pub fn into_list(self) -> Vec<RequestOutput> {
+        self.list
     }
 }
