@@ -125,7 +125,7 @@ macro_rules! define_kernels {
 define_kernels! {
     family (out: *mut T, q: *const T, k_cache: *const T, v_cache: *const T, block_tables: *const u32,
             context_lens: *const u32, num_heads: u32, num_kv_heads: u32, scale: f32, block_size: u32,
-            max_blocks_per_seq: u32)
+            max_blocks_per_seq: u32, window: u32)
         => crate::decode::paged_attention_v1::<T, D>;
     {
         paged_attention_v1_f32_h16: f32, 16; paged_attention_v1_f32_h64: f32, 64; paged_attention_v1_f32_h80: f32, 80;
@@ -140,7 +140,8 @@ define_kernels! {
     }
     family (tmp_out: *mut f32, max_logits: *mut f32, exp_sums: *mut f32, q: *const T, k_cache: *const T,
             v_cache: *const T, block_tables: *const u32, context_lens: *const u32, num_heads: u32,
-            num_kv_heads: u32, scale: f32, block_size: u32, max_blocks_per_seq: u32, partition_size: u32)
+            num_kv_heads: u32, scale: f32, block_size: u32, max_blocks_per_seq: u32, partition_size: u32,
+            window: u32)
         => crate::decode::paged_attention_v2::<T, D>;
     {
         paged_attention_v2_f32_h16: f32, 16; paged_attention_v2_f32_h64: f32, 64; paged_attention_v2_f32_h80: f32, 80;
@@ -169,7 +170,7 @@ define_kernels! {
     }
     family (out: *mut T, q: *const T, k_cache: *const T, v_cache: *const T, block_tables: *const u32,
             context_lens: *const u32, query_start_loc: *const u32, num_seqs: u32, num_kv_heads: u32, scale: f32,
-            block_size: u32, max_blocks_per_seq: u32)
+            block_size: u32, max_blocks_per_seq: u32, window: u32)
         => crate::attention::prefill_attention::<T, D>;
     {
         prefill_attention_f32_h16: f32, 16; prefill_attention_f32_h64: f32, 64; prefill_attention_f32_h80: f32, 80;
@@ -184,7 +185,7 @@ define_kernels! {
     }
     family (out: *mut T, q: *const T, k_cache: *const T, v_cache: *const T, block_tables: *const u32,
             context_lens: *const u32, query_start_loc: *const u32, num_seqs: u32, num_kv_heads: u32, scale: f32,
-            block_size: u32, max_blocks_per_seq: u32)
+            block_size: u32, max_blocks_per_seq: u32, window: u32)
         => crate::prefill_mma::prefill_attention_mma::<T, D>;
     {
         prefill_attention_mma_f16_h16: f16, 16; prefill_attention_mma_f16_h64: f16, 64;

@@ -110,6 +110,21 @@ fn kernel_table_has_every_family_dtype_and_head_size() {
             }
         }
     }
+    // Every attention family takes the sliding window as its last parameter.
+    for k in KERNELS {
+        let windowed = [
+            "paged_attention_v1_",
+            "paged_attention_v2_",
+            "prefill_attention_",
+        ]
+        .iter()
+        .any(|f| k.name.starts_with(f))
+            && !k.name.starts_with("paged_attention_v2_reduce");
+        if windowed {
+            let last = k.params.last().map(|p| p.name);
+            assert_eq!(last, Some("window"), "{}: last parameter", k.name);
+        }
+    }
     let mut names: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
     names.sort_unstable();
     names.dedup();
