@@ -217,12 +217,23 @@ define_kernels! {
     family (input: *mut T, residual: *mut T, weight: *const T, eps: f32, hidden: u32)
         => crate::norm::fused_add_rms_norm::<T>;
     { fused_add_rms_norm_f32: f32, 0; fused_add_rms_norm_f16: f16, 0; fused_add_rms_norm_bf16: bf16, 0; }
+    family (x: *mut T, q_weight: *const T, k_weight: *const T, eps: f32, head_dim: u32, num_q_heads: u32,
+            num_k_heads: u32, row_stride: u32)
+        => crate::norm::rms_norm_heads::<T>;
+    { rms_norm_heads_f32: f32, 0; rms_norm_heads_f16: f16, 0; rms_norm_heads_bf16: bf16, 0; }
+    family (x: *mut T, input: *const T, weight: *const T, eps: f32, hidden: u32)
+        => crate::norm::add_rms_norm::<T>;
+    { add_rms_norm_f32: f32, 0; add_rms_norm_f16: f16, 0; add_rms_norm_bf16: bf16, 0; }
     family (positions: *const u32, query: *mut T, key: *mut T, cos_sin_cache: *const f32, num_heads: u32,
             num_kv_heads: u32, head_dim: u32, rot_dim: u32)
         => crate::elementwise::rotary_embedding::<T>;
     { rotary_embedding_f32: f32, 0; rotary_embedding_f16: f16, 0; rotary_embedding_bf16: bf16, 0; }
     family (out: *mut T, input: *const T, d: u32) => crate::elementwise::silu_and_mul::<T>;
     { silu_and_mul_f32: f32, 0; silu_and_mul_f16: f16, 0; silu_and_mul_bf16: bf16, 0; }
+    family (out: *mut T, input: *const T, d: u32) => crate::elementwise::gelu_tanh_and_mul::<T>;
+    { gelu_tanh_and_mul_f32: f32, 0; gelu_tanh_and_mul_f16: f16, 0; gelu_tanh_and_mul_bf16: bf16, 0; }
+    family (x: *mut T, s: f32, width: u32) => crate::elementwise::scale_rows::<T>;
+    { scale_rows_f32: f32, 0; scale_rows_f16: f16, 0; scale_rows_bf16: bf16, 0; }
     family (out: *mut T, ids: *const u32, table: *const T, hidden: u32) => crate::elementwise::embedding::<T>;
     { embedding_f32: f32, 0; embedding_f16: f16, 0; embedding_bf16: bf16, 0; }
     family (out: *mut f32, logits: *const T, vocab: u32) => crate::sampling::greedy_rows::<T>;

@@ -270,11 +270,22 @@ pub const fn prefill_attention(
     }
 }
 
-/// Row-wise kernels (`reshape_and_cache`, norms, rotary, SiLU-and-mul, embedding):
-/// one block per row/token.
+/// Row-wise kernels (`reshape_and_cache`, norms, rotary, SiLU- and GELU-and-mul,
+/// embedding, `add_rms_norm`, `scale_rows`): one block per row/token.
 pub const fn per_row(rows: u32, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid: Dim3::x(rows),
+        block: Dim3::x(threads),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `rms_norm_heads_*`: one block per (token, head), grid (tokens, q heads + k heads). A
+/// head of 256 elements is 32 16-byte vectors at bf16/f16 (64 at f32), so one or two
+/// warps per block suit it.
+pub const fn per_head(tokens: u32, heads: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid: Dim3::xy(tokens, heads),
         block: Dim3::x(threads),
         shared_mem_bytes: 0,
     }
