@@ -565,8 +565,9 @@ pub unsafe fn paged_attention_v1<T: Storage, const D: usize>(
 /// max_partitions]`; other shapes as [`paged_attention_v1`].
 ///
 /// # Safety
-/// As [`paged_attention_v1`], with `max_partitions >= ceil(max(min(context_len,
-/// window or context_len)) / partition_size)` over the batch, and `partition_size > 0`.
+/// As [`paged_attention_v1`], with `partition_size > 0` and `max_partitions` (the grid's
+/// z) at least `ceil(n / partition_size)` for the longest attended range `n` of the batch
+/// (`min(context_len, window)`, or `context_len` without a window).
 pub unsafe fn paged_attention_v2<T: Storage, const D: usize>(
     tmp_out: *mut f32,
     max_logits: *mut f32,

@@ -2,11 +2,12 @@
 //! ([`rms_norm_heads`]) and post-norms ([`add_rms_norm`]).
 //!
 //! Thread mapping: one block per row (grid x; [`rms_norm_heads`]: per (token, head),
-//! grid (tokens, heads)); when the row's length times `sizeof(T)` is a multiple of
-//! 16 bytes and the row's pointers are 16-byte aligned (checked per row), thread `i` handles the 16-byte vectors `i, i + threads, ...` of the row
-//! (`ld.global.v4` / `st.global.v4`, 8 bf16/f16 or 4 f32 per access), otherwise elements
-//! `i, i + threads, ...`. The sum of squares is a block reduction (warp shuffles, then
-//! `f32[32]` static shared memory). Two passes over the row (the second re-reads from L1/L2).
+//! grid (tokens, heads)); when the row's length times `sizeof(T)` is a multiple of 16
+//! bytes and the row's pointers are 16-byte aligned (checked per row), thread `i` handles
+//! the 16-byte vectors `i, i + threads, ...` of the row (`ld.global.v4` /
+//! `st.global.v4`, 8 bf16/f16 or 4 f32 per access), otherwise elements `i, i + threads,
+//! ...`. The sum of squares is a block reduction (warp shuffles, then `f32[32]` static
+//! shared memory). Two passes over the row (the second re-reads from L1/L2).
 //! Buffers a kernel writes are read with coherent loads (`ld.global.v4`), only read-only
 //! ones through the non-coherent path (`ld.global.nc`).
 //!

@@ -29,14 +29,12 @@
 //!   mask (query row `i` of a sequence sits at position `p = context_len - q_len + i`
 //!   and sees keys `max(0, p + 1 - window) ..= p`: per tile each row's visible keys are
 //!   one range of the lane's constant key offsets, so each score is two compares with
-//!   immediates), updates
-//!   its rows' online softmax (a row's values live in the quad of lanes `4g .. 4g + 4`:
-//!   row max by two quad shuffles, running sums kept per lane and reduced once at the
-//!   end; the running max starts finite, so a row that has seen no key yet stays at 0
-//!   without NaN), rescales O,
-//!   converts P to the A-fragment layout in registers (the C layout of
-//!   two adjacent 8-column tiles is the A layout of one 16-column step) and accumulates
-//!   `O += P V` (V fragments by `ldmatrix.x4.trans`);
+//!   immediates), updates its rows' online softmax (a row's values live in the quad of
+//!   lanes `4g .. 4g + 4`: row max by two quad shuffles, running sums kept per lane and
+//!   reduced once at the end; the running max starts finite, so a row that has seen no
+//!   key yet stays at 0 without NaN), rescales O, converts P to the A-fragment layout in
+//!   registers (the C layout of two adjacent 8-column tiles is the A layout of one
+//!   16-column step) and accumulates `O += P V` (V fragments by `ldmatrix.x4.trans`);
 //! - at the end each lane divides its O fragment by the row sum and writes pairs of
 //!   elements.
 //!
@@ -53,8 +51,9 @@
 //! only), executed on tensor cores at tile granularity (the diagonal tiles do the masked
 //! half too; with a window the edge tiles do their masked part, and at head 256 warps 2
 //! and 3 may compute one KV tile that lies wholly before their rows' windows).
-//! `window == 0` adds a few integer ops per KV tile and one compare per score. Floor: at 4 x 2048 tokens, 32 heads, head 128, causal, 137 GFLOP, about 140 us
-//! at the H200's 989 TFLOP/s dense bf16 (the target of 200 TFLOP/s is 690 us).
+//! `window == 0` adds a few integer ops per KV tile and one compare per score. Floor: at
+//! 4 x 2048 tokens, 32 heads, head 128, causal, 137 GFLOP, about 140 us at the H200's
+//! 989 TFLOP/s dense bf16 (the target of 200 TFLOP/s is 690 us).
 //!
 //! Registers (ptxas, `cargo xtask build-ptx`, with the window): 144-168 at heads 64-96,
 //! 199 (sm_80) / 209 (sm_90) at head 128, 246 / 248 at head 256; 0 spills, no stack.
@@ -289,7 +288,7 @@ unsafe fn scores<T: Storage, const D: usize>(
 
 /// Masks and scales `s` (to the log2 domain), updates the online softmax of the lane's
 /// two rows, rescales O, and returns P (unnormalised, in `s`'s layout). Row `h` sees the
-/// keys `pos[h] + 1 - window ..= pos[h]` (`window` 0: `0 ..= pos[h]`).
+/// keys `max(0, pos[h] + 1 - window) ..= pos[h]` (`window` 0: `0 ..= pos[h]`).
 ///
 /// The mask is computed in the lane's key offsets: score `(j, i)` holds key `t0 + 2t +
 /// o` with the constant `o = 8j + (i & 1)`, so each row's visible keys become one range
