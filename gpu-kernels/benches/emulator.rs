@@ -54,6 +54,7 @@ fn bench_attention(c: &mut Criterion) {
                         0.088,
                         bs as u32,
                         blocks_per_seq as u32,
+                        0,
                     )
                 })
             }

@@ -2,8 +2,10 @@
 //! GPU with CUDA events and prints achieved GB/s beside a measured device-to-device copy:
 //! decode attention at vLLM's shape (batch 8, context 4096, 64 query / 8 KV heads, head
 //! 128), SmolLM2's (batch 256, ragged contexts 256-1024, 9/3 heads, head 64) and
-//! Llama-3-8B's (batch 64, context 2048, 32/8 heads, head 128), each as v1, v2 at vLLM's
-//! partition 512, and the run-time planner's choice (`gpu_kernels::launch::plan_decode`);
+//! Llama-3-8B's (batch 64, context 2048, 32/8 heads, head 128) and a Gemma-3-270M
+//! sliding-window layer's (batch 64, context 4096, window 512, 4/1 heads, head 256), each
+//! as v1, v2 at vLLM's partition 512, and the run-time planner's choice
+//! (`gpu_kernels::launch::plan_decode_window`);
 //! prefill attention at 4 x 2048 and 1 x 8192 tokens (32/8 heads, head 64 and 128) in
 //! TFLOP/s, the streaming kernel beside the tensor-core one (`prefill_attention_mma`),
 //! and a cuBLAS bf16 GEMM (8192^3) measured in the same run as their ceiling; also

@@ -12,7 +12,8 @@
 //! serves `hpb <= MAX_GROUP` query heads of one KV head (the whole GQA group when it has
 //! at most 8 heads: SmolLM2 3, Llama 3 8), so each K/V vector is read from memory once for
 //! all of them. Inside the block:
-//! - a warp takes whole KV blocks of the block table (`w, w + warps, ...`);
+//! - a warp takes whole KV blocks of the block table (`w, w + warps, ...`, counted
+//!   from the block of the first attended token);
 //! - within a warp, a *thread group* of `G` lanes reads one token's K (and V) row as
 //!   16-byte vectors (`ld.global.nc.v4.u32`: 8 bf16/f16 or 4 f32), `G = min(32,
 //!   next_pow2(head_dim / VEC))`; the warp handles `32 / G` tokens per step and prefetches
@@ -25,15 +26,25 @@
 //! - at the end the groups of a warp merge by shuffles, and the warps merge once through
 //!   shared memory (one `sync_threads`).
 //!
+//! Sliding window (`window > 0`, Gemma 3's local layers): the query at position
+//! `context_len - 1` attends tokens `max(0, context_len - window) .. context_len`. The
+//! token range of a block simply starts there: KV blocks wholly before it are never
+//! touched (no table read, no load), the tokens of the window's first block that lie
+//! before it are masked per token like the tail of the last block (not loaded either).
+//! v2 cuts its partitions from the window's start, so a windowed batch needs only
+//! `ceil(min(context_len, window) / partition_size)` of them. `window == 0` costs two
+//! integer ops per block.
+//!
 //! Shared memory: static `f32[MAX_GROUP * 256]` (queries) and dynamic
 //! `warps * (MAX_GROUP * head_dim + 2 * MAX_GROUP) * 4` bytes (the per-warp partial
 //! states; [`crate::launch::decode_shared_bytes`]). Nothing scales with the context.
 //!
-//! Cost per call: bytes `2 * sum(context_lens) * num_kv_heads * head_dim * sizeof(T)`
-//! (K and V) plus `q`/`out`; FLOPs `4 * sum(context_lens) * num_heads * head_dim`. The
-//! floor is the bytes over the HBM bandwidth (vLLM's shape, batch 8 x 4096 tokens, 8 KV
-//! heads, h128, bf16: 134 MB, about 33 us at 4 TB/s). Invariants: accumulation in `f32`;
-//! every K/V element of the context is loaded exactly once per block.
+//! Cost per call: bytes `2 * sum(n_s) * num_kv_heads * head_dim * sizeof(T)` (K and V)
+//! plus `q`/`out`, with `n_s` the attended tokens of sequence `s` (`context_len`, or
+//! `min(context_len, window)`); FLOPs `4 * sum(n_s) * num_heads * head_dim`. The floor is
+//! the bytes over the HBM bandwidth (vLLM's shape, batch 8 x 4096 tokens, 8 KV heads,
+//! h128, bf16: 134 MB, about 33 us at 4 TB/s). Invariants: accumulation in `f32`; every
+//! attended K/V element is loaded exactly once per block, and no other.
 
 // Parallel register arrays indexed by constant-bounded loops (which LLVM unrolls into
 // registers) read more plainly than zipped iterators here.
@@ -107,8 +118,13 @@ pub(crate) struct Work<T> {
     /// Elements between consecutive served query rows (`D` for the heads of one token,
     /// `num_heads * D` for one head of consecutive tokens).
     pub q_stride: usize,
-    /// Causal limit: served row `r` sees tokens `t <= causal + r` (decode: no limit).
+    /// Causal limit (with `ROW_MASK`, see [`attend_group`]): served row `r` sees tokens
+    /// `t <= causal + r`.
     pub causal: usize,
+    /// Keys per row (with `ROW_MASK`): served row `r` sees tokens `causal + r + 1 - span
+    /// ..= causal + r`, tested as `(causal + r).wrapping_sub(t) < span` (the causal and
+    /// the window test in one compare); [`NO_WINDOW`] for no window.
+    pub span: usize,
     pub k_cache: *const T,
     pub v_cache: *const T,
     /// The sequence's row of the block table.
@@ -122,8 +138,32 @@ pub(crate) struct Work<T> {
     pub hpb: usize,
 }
 
-/// [`Work::causal`] for decode: every row sees the whole range.
-pub(crate) const NO_CAUSAL_LIMIT: usize = usize::MAX / 2;
+/// [`Work::span`] without a window: `(causal + r) - t` is below it for every `t <=
+/// causal + r` (positions are `u32`, so at most `u32::MAX + MAX_GROUP`), and a `t >
+/// causal + r` wraps to above it.
+pub(crate) const NO_WINDOW: usize = usize::MAX - u32::MAX as usize;
+const _: () = assert!(NO_WINDOW > u32::MAX as usize + MAX_GROUP);
+
+/// The first key a query at position `end - 1` sees with sliding window `window` (0:
+/// none): `max(0, end - window)`.
+#[inline(always)]
+pub(crate) fn window_start(end: usize, window: u32) -> usize {
+    if window == 0 {
+        0
+    } else {
+        end.saturating_sub(window as usize)
+    }
+}
+
+/// [`Work::span`] of a sliding window `window` (0: none).
+#[inline(always)]
+pub(crate) fn window_span(window: u32) -> usize {
+    if window == 0 {
+        NO_WINDOW
+    } else {
+        window as usize
+    }
+}
 
 /// One thread group's online-softmax state over the tokens it has seen.
 struct State {
@@ -192,13 +232,16 @@ fn weight(m: f32, max: f32) -> f32 {
 
 /// Softmax attention of the block's `hpb` query heads over tokens `start..end` (non-empty)
 /// of one sequence; calls `emit(h, d, value, max, sum)` for each (served head, dim) owned
-/// by the thread after the block-wide merge, `value` normalised.
+/// by the thread after the block-wide merge, `value` normalised. With `ROW_MASK` (prefill:
+/// the rows are consecutive positions) row `r` sees only the tokens of
+/// [`Work::causal`] / [`Work::span`]; without it (decode: the rows are heads of one
+/// position) every row sees `start..end`, and a window is the range's start.
 ///
 /// # Safety
 /// Block-uniform call; pointers valid as in [`paged_attention_v1`]; dynamic shared memory
 /// of [`crate::launch::decode_shared_bytes`]; `D <= 256`, `D * sizeof(T) % 16 == 0`.
 #[inline(always)]
-pub(crate) unsafe fn attend_group<T: Storage, const D: usize>(
+pub(crate) unsafe fn attend_group<T: Storage, const D: usize, const ROW_MASK: bool>(
     w: Work<T>,
     start: usize,
     end: usize,
@@ -232,7 +275,7 @@ pub(crate) unsafe fn attend_group<T: Storage, const D: usize>(
             let hi = end.min(b * bs + bs);
             let mut step0 = 0;
             while step0 * geo.tpi < bs {
-                chunk::<T, D>(
+                chunk::<T, D, ROW_MASK>(
                     &w,
                     &mut st,
                     qs,
@@ -264,7 +307,7 @@ pub(crate) unsafe fn attend_group<T: Storage, const D: usize>(
 /// # Safety
 /// As [`attend_group`]; `base` is the element offset of the block's first row.
 #[inline(always)]
-unsafe fn chunk<T: Storage, const D: usize>(
+unsafe fn chunk<T: Storage, const D: usize, const ROW_MASK: bool>(
     w: &Work<T>,
     st: &mut State,
     qs: *const f32,
@@ -331,7 +374,7 @@ unsafe fn chunk<T: Storage, const D: usize>(
             if valid[s] {
                 let t = block_start + (step0 + s) * geo.tpi + grp;
                 for (h, &dot) in dots.iter().enumerate() {
-                    if h < w.hpb && t <= w.causal + h {
+                    if h < w.hpb && (!ROW_MASK || (w.causal + h).wrapping_sub(t) < w.span) {
                         st.push(h, dot, &vf, geo.npl * geo.vec);
                     }
                 }
@@ -423,7 +466,9 @@ unsafe fn work<T, const D: usize>(
         // SAFETY: the caller's `q` holds the token's `num_heads` rows.
         q: unsafe { q.add(head0 * D) },
         q_stride: D,
-        causal: NO_CAUSAL_LIMIT,
+        // No row mask in decode (`attend_group::<_, _, false>`).
+        causal: 0,
+        span: NO_WINDOW,
         k_cache,
         v_cache,
         block_table,
@@ -436,8 +481,14 @@ unsafe fn work<T, const D: usize>(
 }
 
 /// Decode attention, single pass: `out[s, h] = softmax(q[s, h] . K^T * scale) V` over the
-/// `context_lens[s]` cached tokens of sequence `s`, for the query heads of the block's
-/// KV group slice (see the module docs for the mapping).
+/// `context_lens[s]` cached tokens of sequence `s` (the query sits at position
+/// `context_len - 1`), for the query heads of the block's KV group slice (see the module
+/// docs for the mapping).
+///
+/// Sliding window: with `window > 0` only tokens `max(0, context_len - window) ..
+/// context_len` are attended; the KV blocks wholly before them are never read (the warps
+/// start at the window's first block, whose earlier tokens are masked). `window == 0`:
+/// the whole context.
 ///
 /// Grid `(num_kv_heads * slices, num_seqs)` from [`crate::launch::decode_v1`].
 /// Shapes: `out`, `q`: `[num_seqs, num_heads, D]`; caches `[num_blocks, block_size,
@@ -447,9 +498,10 @@ unsafe fn work<T, const D: usize>(
 ///
 /// # Safety
 /// All pointers valid for those shapes, K/V caches 16-byte aligned and not written during
-/// the launch; `num_heads % num_kv_heads == 0`; every block id in the first
-/// `ceil(context_len / block_size)` table entries is `< num_blocks`; dynamic shared memory
-/// of [`crate::launch::decode_shared_bytes`]; `D <= 256`.
+/// the launch; `num_heads % num_kv_heads == 0`; every block id in the table entries of
+/// the attended tokens (`window_start / block_size .. ceil(context_len / block_size)`) is
+/// `< num_blocks` (entries before the window are not read); dynamic shared memory of
+/// [`crate::launch::decode_shared_bytes`]; `D <= 256`.
 pub unsafe fn paged_attention_v1<T: Storage, const D: usize>(
     out: *mut T,
     q: *const T,
@@ -462,6 +514,7 @@ pub unsafe fn paged_attention_v1<T: Storage, const D: usize>(
     scale: f32,
     block_size: u32,
     max_blocks_per_seq: u32,
+    window: u32,
 ) {
     let seq = block_idx_y() as usize;
     // SAFETY: per the function contract.
@@ -487,16 +540,23 @@ pub unsafe fn paged_attention_v1<T: Storage, const D: usize>(
             }
             return;
         }
-        attend_group::<T, D>(w, 0, ctx, scale, |h, d, v, _, _| {
+        let start = window_start(ctx, window);
+        attend_group::<T, D, false>(w, start, ctx, scale, |h, d, v, _, _| {
             *o.add(h * D + d) = T::from_f32(v)
         });
     }
 }
 
-/// Decode attention, split-K pass: partition `p` (grid z) covers tokens
-/// `p * partition_size .. min((p + 1) * partition_size, context_len)` and writes, per
-/// served head, its normalised partial output, its max logit and its sum of exp;
-/// partitions past the context write nothing. Finish with
+/// Decode attention, split-K pass: the attended tokens `lo .. context_len` (`lo =
+/// max(0, context_len - window)` with a sliding window, else 0) are cut in partitions
+/// from `lo`: partition `p` (grid z) covers tokens `lo + p * partition_size ..
+/// min(lo + (p + 1) * partition_size, context_len)` and writes, per served head, its
+/// normalised partial output, its max logit and its sum of exp. So a window needs only
+/// `ceil(min(context_len, window) / partition_size)` partitions (the grid of
+/// [`crate::launch::plan_decode_window`]), and no block loads a KV block wholly before
+/// the window. A partition past the attended tokens that the reduce still reads (`p *
+/// partition_size < context_len`, only with a window) writes max logit `-inf` and sum 0
+/// (no partial output: the reduce skips it); the others write nothing. Finish with
 /// [`crate::attention::paged_attention_v2_reduce`].
 ///
 /// Grid `(num_kv_heads * slices, num_seqs, max_partitions)` from
@@ -505,8 +565,9 @@ pub unsafe fn paged_attention_v1<T: Storage, const D: usize>(
 /// max_partitions]`; other shapes as [`paged_attention_v1`].
 ///
 /// # Safety
-/// As [`paged_attention_v1`], with `max_partitions >= ceil(max(context_lens) /
-/// partition_size)` and `partition_size > 0`.
+/// As [`paged_attention_v1`], with `partition_size > 0` and `max_partitions` (the grid's
+/// z) at least `ceil(n / partition_size)` for the longest attended range `n` of the batch
+/// (`min(context_len, window)`, or `context_len` without a window).
 pub unsafe fn paged_attention_v2<T: Storage, const D: usize>(
     tmp_out: *mut f32,
     max_logits: *mut f32,
@@ -522,17 +583,15 @@ pub unsafe fn paged_attention_v2<T: Storage, const D: usize>(
     block_size: u32,
     max_blocks_per_seq: u32,
     partition_size: u32,
+    window: u32,
 ) {
     let (seq, part) = (block_idx_y() as usize, block_idx_z() as usize);
     let parts = crate::device::grid_dim_z() as usize;
     // SAFETY: per the function contract.
     unsafe {
         let ctx = *context_lens.add(seq) as usize;
-        let start = part * partition_size as usize;
-        if start >= ctx {
-            return;
-        }
-        let end = ctx.min(start + partition_size as usize);
+        let offset = part * partition_size as usize;
+        let start = window_start(ctx, window) + offset;
         let q = q.add(seq * num_heads as usize * D);
         let table = block_tables.add(seq * max_blocks_per_seq as usize);
         let w = work::<T, D>(
@@ -545,7 +604,19 @@ pub unsafe fn paged_attention_v2<T: Storage, const D: usize>(
             block_size,
         );
         let slot0 = seq * num_heads as usize + w.head0;
-        attend_group::<T, D>(w, start, end, scale, |h, d, v, m, l| {
+        if start >= ctx {
+            // Past the attended tokens. The reduce reads the first ceil(context_len /
+            // partition_size) partitions (at most the grid's): mark those empty.
+            let h = thread_idx_x() as usize;
+            if offset < ctx && h < w.hpb {
+                let slot = (slot0 + h) * parts + part;
+                *max_logits.add(slot) = f32::NEG_INFINITY;
+                *exp_sums.add(slot) = 0.0;
+            }
+            return;
+        }
+        let end = ctx.min(start + partition_size as usize);
+        attend_group::<T, D, false>(w, start, end, scale, |h, d, v, m, l| {
             let slot = (slot0 + h) * parts + part;
             *tmp_out.add(slot * D + d) = v;
             if d == 0 {

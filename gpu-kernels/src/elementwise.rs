@@ -1,8 +1,12 @@
 //! Row-wise elementwise kernels: rotary embedding (Llama rotate-half), SiLU-and-mul,
-//! embedding gather. One block per token (grid x), thread `i` handles items
-//! `i, i + threads, ...` of the row; no shared memory; O(row) per block.
+//! GELU-tanh-and-mul (Gemma), embedding gather, row scaling (Gemma's embedding scale).
+//! One block per token (grid x), thread `i` handles items `i, i + threads, ...` of the
+//! row ([`scale_rows`]: 16-byte vectors when the row is whole aligned vectors); no
+//! shared memory; O(row) per block.
 
-use crate::device::{block_dim_x, block_idx_x, exp_fast, thread_idx_x};
+#![allow(clippy::needless_range_loop)] // parallel register arrays, constant-bounded unrolled loops
+
+use crate::device::{block_dim_x, block_idx_x, exp_fast, ld_global_v4, st_global_v4, thread_idx_x};
 use crate::Storage;
 
 /// Rotary embedding, rotate-half (GPT-NeoX / Llama HF) form, in place on `query`
@@ -81,6 +85,83 @@ pub unsafe fn embedding<T: Storage>(out: *mut T, ids: *const u32, table: *const 
         while i < n {
             *out.add(t * n + i) = *src.add(i);
             i += block_dim_x() as usize;
+        }
+    }
+}
+
+/// `sqrt(2 / pi)`, as the CPU engine's `gelu_tanh_mul`.
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+
+/// GELU, tanh approximation: `0.5 g (1 + tanh(u))` with `u = sqrt(2 / pi) (g + 0.044715
+/// g^3)`, evaluated as `g / (1 + e^(-2u))` (the same function: `0.5 (1 + tanh(u)) =
+/// 1 / (1 + e^(-2u))`), so it needs no `tanhf` (absent on nvptx) and is stable for any
+/// `g`: for large `u` the exponential goes to 0 (result `g`), for very negative `u` to
+/// infinity (result `-0`), never inf / inf; nor does `1 + tanh(u)` cancel for negative
+/// `g`. One `ex2.approx` and one division.
+#[inline(always)]
+pub fn gelu_tanh(g: f32) -> f32 {
+    let u = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
+    g / (1.0 + exp_fast(-2.0 * u))
+}
+
+/// `out[t, j] = gelu_tanh(input[t, j]) * input[t, d + j]` ([`gelu_tanh`]); `input`:
+/// `[tokens, 2d]` (gate then up), `out`: `[tokens, d]`. Gemma's MLP activation, the CPU
+/// engine's `gelu_tanh_mul`.
+///
+/// Thread mapping: one block per token (grid x, [`crate::launch::per_row`]), thread `i`
+/// handles `j = i, i + threads, ...`. Cost per token: `3 d * sizeof(T)` bytes, one
+/// exponential and one division per output.
+///
+/// # Safety
+/// Shapes as above, `out` and `input` not overlapping; grid x = tokens.
+pub unsafe fn gelu_tanh_and_mul<T: Storage>(out: *mut T, input: *const T, d: u32) {
+    let (t, d) = (block_idx_x() as usize, d as usize);
+    // SAFETY: per the function contract.
+    unsafe {
+        let x = input.add(t * 2 * d);
+        let mut j = thread_idx_x() as usize;
+        while j < d {
+            let g = (*x.add(j)).to_f32();
+            *out.add(t * d + j) = T::from_f32(gelu_tanh(g) * (*x.add(d + j)).to_f32());
+            j += block_dim_x() as usize;
+        }
+    }
+}
+
+/// In place: `x[r, j] *= s` (computed in `f32`, rounded to `T`); Gemma's embedding
+/// scale `sqrt(hidden)`.
+///
+/// Thread mapping: one block per row (grid x, [`crate::launch::per_row`]); when `width
+/// * sizeof(T) % 16 == 0` and the row is 16-byte aligned, thread `i` handles the 16-byte
+/// vectors `i, i + threads, ...` (coherent `ld.global.v4`: the kernel writes `x`),
+/// otherwise the elements. Cost per row: `2 * width * sizeof(T)` bytes.
+///
+/// # Safety
+/// `x`: `[rows, width]`, written by this kernel only; grid x = rows.
+pub unsafe fn scale_rows<T: Storage>(x: *mut T, s: f32, width: u32) {
+    let n = width as usize;
+    let (tid, threads) = (thread_idx_x() as usize, block_dim_x() as usize);
+    // SAFETY: per the function contract; each element is read and written by one thread.
+    unsafe {
+        let p = x.add(block_idx_x() as usize * n);
+        if n.is_multiple_of(T::VEC) && (p as usize).is_multiple_of(16) {
+            let (vec, nv) = (T::VEC, n / T::VEC);
+            let mut j = tid;
+            while j < nv {
+                let a = T::unpack(ld_global_v4(p.add(j * vec).cast()));
+                let mut y = [0.0f32; 8];
+                for e in 0..vec {
+                    y[e] = a[e] * s;
+                }
+                st_global_v4(p.add(j * vec).cast(), T::pack(y));
+                j += threads;
+            }
+            return;
+        }
+        let mut i = tid;
+        while i < n {
+            *p.add(i) = T::from_f32((*p.add(i)).to_f32() * s);
+            i += threads;
         }
     }
 }

@@ -125,7 +125,7 @@ macro_rules! define_kernels {
 define_kernels! {
     family (out: *mut T, q: *const T, k_cache: *const T, v_cache: *const T, block_tables: *const u32,
             context_lens: *const u32, num_heads: u32, num_kv_heads: u32, scale: f32, block_size: u32,
-            max_blocks_per_seq: u32)
+            max_blocks_per_seq: u32, window: u32)
         => crate::decode::paged_attention_v1::<T, D>;
     {
         paged_attention_v1_f32_h16: f32, 16; paged_attention_v1_f32_h64: f32, 64; paged_attention_v1_f32_h80: f32, 80;
@@ -140,7 +140,8 @@ define_kernels! {
     }
     family (tmp_out: *mut f32, max_logits: *mut f32, exp_sums: *mut f32, q: *const T, k_cache: *const T,
             v_cache: *const T, block_tables: *const u32, context_lens: *const u32, num_heads: u32,
-            num_kv_heads: u32, scale: f32, block_size: u32, max_blocks_per_seq: u32, partition_size: u32)
+            num_kv_heads: u32, scale: f32, block_size: u32, max_blocks_per_seq: u32, partition_size: u32,
+            window: u32)
         => crate::decode::paged_attention_v2::<T, D>;
     {
         paged_attention_v2_f32_h16: f32, 16; paged_attention_v2_f32_h64: f32, 64; paged_attention_v2_f32_h80: f32, 80;
@@ -169,7 +170,7 @@ define_kernels! {
     }
     family (out: *mut T, q: *const T, k_cache: *const T, v_cache: *const T, block_tables: *const u32,
             context_lens: *const u32, query_start_loc: *const u32, num_seqs: u32, num_kv_heads: u32, scale: f32,
-            block_size: u32, max_blocks_per_seq: u32)
+            block_size: u32, max_blocks_per_seq: u32, window: u32)
         => crate::attention::prefill_attention::<T, D>;
     {
         prefill_attention_f32_h16: f32, 16; prefill_attention_f32_h64: f32, 64; prefill_attention_f32_h80: f32, 80;
@@ -184,7 +185,7 @@ define_kernels! {
     }
     family (out: *mut T, q: *const T, k_cache: *const T, v_cache: *const T, block_tables: *const u32,
             context_lens: *const u32, query_start_loc: *const u32, num_seqs: u32, num_kv_heads: u32, scale: f32,
-            block_size: u32, max_blocks_per_seq: u32)
+            block_size: u32, max_blocks_per_seq: u32, window: u32)
         => crate::prefill_mma::prefill_attention_mma::<T, D>;
     {
         prefill_attention_mma_f16_h16: f16, 16; prefill_attention_mma_f16_h64: f16, 64;
@@ -216,12 +217,23 @@ define_kernels! {
     family (input: *mut T, residual: *mut T, weight: *const T, eps: f32, hidden: u32)
         => crate::norm::fused_add_rms_norm::<T>;
     { fused_add_rms_norm_f32: f32, 0; fused_add_rms_norm_f16: f16, 0; fused_add_rms_norm_bf16: bf16, 0; }
+    family (x: *mut T, q_weight: *const T, k_weight: *const T, eps: f32, head_dim: u32, num_q_heads: u32,
+            num_k_heads: u32, row_stride: u32)
+        => crate::norm::rms_norm_heads::<T>;
+    { rms_norm_heads_f32: f32, 0; rms_norm_heads_f16: f16, 0; rms_norm_heads_bf16: bf16, 0; }
+    family (x: *mut T, input: *const T, weight: *const T, eps: f32, hidden: u32)
+        => crate::norm::add_rms_norm::<T>;
+    { add_rms_norm_f32: f32, 0; add_rms_norm_f16: f16, 0; add_rms_norm_bf16: bf16, 0; }
     family (positions: *const u32, query: *mut T, key: *mut T, cos_sin_cache: *const f32, num_heads: u32,
             num_kv_heads: u32, head_dim: u32, rot_dim: u32)
         => crate::elementwise::rotary_embedding::<T>;
     { rotary_embedding_f32: f32, 0; rotary_embedding_f16: f16, 0; rotary_embedding_bf16: bf16, 0; }
     family (out: *mut T, input: *const T, d: u32) => crate::elementwise::silu_and_mul::<T>;
     { silu_and_mul_f32: f32, 0; silu_and_mul_f16: f16, 0; silu_and_mul_bf16: bf16, 0; }
+    family (out: *mut T, input: *const T, d: u32) => crate::elementwise::gelu_tanh_and_mul::<T>;
+    { gelu_tanh_and_mul_f32: f32, 0; gelu_tanh_and_mul_f16: f16, 0; gelu_tanh_and_mul_bf16: bf16, 0; }
+    family (x: *mut T, s: f32, width: u32) => crate::elementwise::scale_rows::<T>;
+    { scale_rows_f32: f32, 0; scale_rows_f16: f16, 0; scale_rows_bf16: bf16, 0; }
     family (out: *mut T, ids: *const u32, table: *const T, hidden: u32) => crate::elementwise::embedding::<T>;
     { embedding_f32: f32, 0; embedding_f16: f16, 0; embedding_bf16: bf16, 0; }
     family (out: *mut f32, logits: *const T, vocab: u32) => crate::sampling::greedy_rows::<T>;

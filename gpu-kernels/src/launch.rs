@@ -92,7 +92,10 @@ pub const fn num_partitions(context_len: u32, partition_size: u32) -> u32 {
 }
 
 /// `paged_attention_v2_*`: grid (KV group slices, seqs, partitions of the longest
-/// context); see [`decode_shared_bytes`]. Finish with [`paged_attention_v2_reduce`].
+/// attended range); see [`decode_shared_bytes`]. Finish with
+/// [`paged_attention_v2_reduce`]. With a sliding window `max_context_len` may be the
+/// longest `min(context_len, window)` (v2 cuts its partitions from the window's start);
+/// the longest context is always enough.
 pub const fn decode_v2(
     num_seqs: u32,
     num_heads: u32,
@@ -156,14 +159,15 @@ pub enum DecodePlan {
 }
 
 /// Resident decode blocks per SM the planner counts on: ptxas gives the decode entries
-/// 175-186 registers per thread (sm_90), so a 128-thread block holds about 23K of the
-/// SM's 64K registers and two fit.
+/// 172-186 registers per thread at bf16/f16 (sm_90), so a 128-thread block holds about
+/// 23K of the SM's 64K registers and two fit.
 pub const DECODE_BLOCKS_PER_SM: u32 = 2;
 /// Smallest split-K partition, tokens: below it the reduce and the per-block setup
 /// (query staging, warp merge) stop being small next to the streamed K/V.
 pub const MIN_PARTITION: u32 = 256;
 
-/// Chooses v1 or split-K v2 and its partition size at run time.
+/// Chooses v1 or split-K v2 and its partition size at run time, for attention without a
+/// sliding window ([`plan_decode_window`] with window 0).
 ///
 /// Rule: the single pass runs one block per (KV group slice, sequence). When that fills
 /// [`DECODE_BLOCKS_PER_SM`] blocks on every SM, or the longest context is at most
@@ -214,6 +218,22 @@ pub fn plan_decode(s: DecodeShape) -> DecodePlan {
     }
 }
 
+/// [`plan_decode`] for a layer with sliding window `window` (0: none, exactly
+/// [`plan_decode`]): the decode kernels attend at most `window` tokens per sequence and
+/// v2 cuts its partitions from the window's start, so the plan runs on the effective
+/// contexts, the longest `min(max_context_len, window)` and the total at most
+/// `num_seqs * window` (`s` keeps the raw contexts). Fewer partitions and a smaller
+/// split-K scratch follow, and short windows (<= [`MIN_PARTITION`]) always take v1.
+/// Pass the same `window` to the kernels; a window-0 plan is also correct for a
+/// windowed launch (its partitions past the window come out empty), only larger.
+pub fn plan_decode_window(mut s: DecodeShape, window: u32) -> DecodePlan {
+    if window > 0 {
+        s.max_context_len = s.max_context_len.min(window);
+        s.total_context_len = s.total_context_len.min(s.num_seqs as u64 * window as u64);
+    }
+    plan_decode(s)
+}
+
 /// Partitions that hold tokens, estimated from the average context of the batch.
 fn working_partitions(s: DecodeShape, part: u32) -> u64 {
     let avg = s.total_context_len.div_ceil(s.num_seqs.max(1) as u64);
@@ -250,11 +270,22 @@ pub const fn prefill_attention(
     }
 }
 
-/// Row-wise kernels (`reshape_and_cache`, norms, rotary, SiLU-and-mul, embedding):
-/// one block per row/token.
+/// Row-wise kernels (`reshape_and_cache`, norms, rotary, SiLU- and GELU-and-mul,
+/// embedding, `add_rms_norm`, `scale_rows`): one block per row/token.
 pub const fn per_row(rows: u32, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid: Dim3::x(rows),
+        block: Dim3::x(threads),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `rms_norm_heads_*`: one block per (token, head), grid (tokens, q heads + k heads). A
+/// head of 256 elements is 32 16-byte vectors at bf16/f16 (64 at f32), so one or two
+/// warps per block suit it.
+pub const fn per_head(tokens: u32, heads: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid: Dim3::xy(tokens, heads),
         block: Dim3::x(threads),
         shared_mem_bytes: 0,
     }

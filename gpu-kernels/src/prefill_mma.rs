@@ -13,8 +13,11 @@
 //! - warp `w` owns query rows `16 w .. 16 w + 16` of the tile; their Q fragments (the A
 //!   operand of `mma.sync.m16n8k16`, `D / 16` fragments of 4 registers) are loaded once
 //!   from global memory and stay in registers;
-//! - the block walks the KV tiles `0 .. ceil((last position + 1) / BC)` (tiles wholly
-//!   above the causal diagonal are never loaded), `BC` = [`kv_tile`]`(D)` tokens each:
+//! - the block walks the KV tiles of `BC` = [`kv_tile`]`(D)` tokens from `kv_lo` up to
+//!   the tile's last position (tiles wholly above the causal diagonal are never
+//!   loaded); `kv_lo` is 0, or with a sliding window the first key of the tile's first
+//!   row, `max(0, pos0 + 1 - window)`, so no KV tile wholly before the window is loaded;
+//!   each tile:
 //!   all threads gather the tile's K and V rows through the block table into shared
 //!   memory with 16-byte asynchronous copies (`cp.async.cg.shared.global`, every copy
 //!   of a thread in flight at once, no registers), past-the-end tokens zero-filled
@@ -22,13 +25,16 @@
 //!   during `S = Q K(k)^T` and the copy of K(k + 1) during `O += P V(k)` (single K and
 //!   V tiles, four `sync_threads` per KV tile);
 //! - each warp whose rows reach the tile computes `S = Q K^T` (16 x BC, `f32` in
-//!   registers; K fragments by `ldmatrix.x4`), scales it, applies the causal mask
-//!   (query row `i` of a sequence sits at position `context_len - q_len + i`), updates
-//!   its rows' online softmax (a row's values live in the quad of lanes `4g .. 4g + 4`:
-//!   row max by two quad shuffles, running sums kept per lane and reduced once at the
-//!   end), rescales O, converts P to the A-fragment layout in registers (the C layout of
-//!   two adjacent 8-column tiles is the A layout of one 16-column step) and accumulates
-//!   `O += P V` (V fragments by `ldmatrix.x4.trans`);
+//!   registers; K fragments by `ldmatrix.x4`), scales it, applies the causal and window
+//!   mask (query row `i` of a sequence sits at position `p = context_len - q_len + i`
+//!   and sees keys `max(0, p + 1 - window) ..= p`: per tile each row's visible keys are
+//!   one range of the lane's constant key offsets, so each score is two compares with
+//!   immediates), updates its rows' online softmax (a row's values live in the quad of
+//!   lanes `4g .. 4g + 4`: row max by two quad shuffles, running sums kept per lane and
+//!   reduced once at the end; the running max starts finite, so a row that has seen no
+//!   key yet stays at 0 without NaN), rescales O, converts P to the A-fragment layout in
+//!   registers (the C layout of two adjacent 8-column tiles is the A layout of one
+//!   16-column step) and accumulates `O += P V` (V fragments by `ldmatrix.x4.trans`);
 //! - at the end each lane divides its O fragment by the row sum and writes pairs of
 //!   elements.
 //!
@@ -38,24 +44,27 @@
 //! banks. Nothing depends on the context length: any context runs.
 //!
 //! Cost per call, per query head: K/V bytes `2 * D * sizeof(T) * sum over tiles of
-//! (last position + 1)` (each tile of 64 query rows reads its causal prefix once; from L2
-//! for the other heads of a KV group and the other tiles), plus Q and out once. FLOPs
-//! `4 * sum over query rows of (position + 1) * D` (QK^T and PV, the causal half only),
-//! executed on tensor cores at tile granularity (the diagonal tiles do the masked half
-//! too). Floor: at 4 x 2048 tokens, 32 heads, head 128, causal, 137 GFLOP, about 140 us
-//! at the H200's 989 TFLOP/s dense bf16 (the target of 200 TFLOP/s is 690 us).
+//! n_tile`, `n_tile` the tile's keys: `last position + 1`, or with a window at most
+//! `window + BR - 1` (each tile of 64 query rows reads its causal prefix, or its window,
+//! once; from L2 for the other heads of a KV group and the other tiles), plus Q and out
+//! once. FLOPs `4 * sum over query rows of keys(row) * D` (QK^T and PV, the causal half
+//! only), executed on tensor cores at tile granularity (the diagonal tiles do the masked
+//! half too; with a window the edge tiles do their masked part, and at head 256 warps 2
+//! and 3 may compute one KV tile that lies wholly before their rows' windows).
+//! `window == 0` adds a few integer ops per KV tile and one compare per score. Floor: at
+//! 4 x 2048 tokens, 32 heads, head 128, causal, 137 GFLOP, about 140 us at the H200's
+//! 989 TFLOP/s dense bf16 (the target of 200 TFLOP/s is 690 us).
 //!
-//! Registers (ptxas, `cargo xtask build-ptx`): 146-174 at heads 64-96, 202 (sm_80) /
-//! 208 (sm_90) at head 128, 246 / 248 at head 256; 0 spills, no stack. Two 128-thread
-//! blocks fit an SM at head 128.
+//! Registers (ptxas, `cargo xtask build-ptx`, with the window): 144-168 at heads 64-96,
+//! 199 (sm_80) / 209 (sm_90) at head 128, 246 / 248 at head 256; 0 spills, no stack.
+//! Two 128-thread blocks fit an SM at head 128 and at head 256.
 //!
 //! Invariants: accumulation in `f32` (S, the running max and sums, O); P is rounded to
 //! `T` for the PV product, as in FlashAttention-2. Control flow around `sync_threads` is
 //! block-uniform; `mma`/`ldmatrix` run under warp-uniform conditions only.
 //!
 //! Not yet: each query head stages its own K/V (the other heads of its KV
-//! group hit L2); ALiBi and sliding windows are not supported, as in the streaming
-//! kernel.
+//! group hit L2); ALiBi is not supported, as in the streaming kernel.
 
 // Register arrays indexed by constant-bounded loops (which LLVM unrolls into registers)
 // read more plainly than iterators here.
@@ -278,24 +287,43 @@ unsafe fn scores<T: Storage, const D: usize>(
 }
 
 /// Masks and scales `s` (to the log2 domain), updates the online softmax of the lane's
-/// two rows, rescales O, and returns P (unnormalised, in `s`'s layout).
+/// two rows, rescales O, and returns P (unnormalised, in `s`'s layout). Row `h` sees the
+/// keys `max(0, pos[h] + 1 - window) ..= pos[h]` (`window` 0: `0 ..= pos[h]`).
+///
+/// The mask is computed in the lane's key offsets: score `(j, i)` holds key `t0 + 2t +
+/// o` with the constant `o = 8j + (i & 1)`, so each row's visible keys become one range
+/// `lo < o <= hi` of small `i32`s, set once per tile, and every score is tested against
+/// two immediates.
 #[inline(always)]
 fn softmax_update<const D: usize>(
     st: &mut State,
     s: &mut [[f32; 4]; MAX_BC / 8],
     t0: usize,
     pos: [usize; 2],
+    window: u32,
     scale_log2: f32,
     lane: usize,
 ) {
     let bc = kv_tile(D);
     let t = lane % 4;
+    let base = (t0 + 2 * t) as i64;
+    let (mut lo, mut hi) = ([0i32; 2], [0i32; 2]);
+    for h in 0..2 {
+        // Clamped to -1 ..= MAX_BC, past every offset of the tile on either side.
+        let top = pos[h] as i64 - base;
+        hi[h] = top.clamp(-1, MAX_BC as i64) as i32;
+        lo[h] = if window == 0 {
+            -1
+        } else {
+            (top - window as i64).clamp(-1, MAX_BC as i64) as i32
+        };
+    }
     let mut mx = [f32::NEG_INFINITY; 2];
     for j in 0..bc / 8 {
         for i in 0..4 {
-            let key = t0 + 8 * j + 2 * t + (i & 1);
+            let o = (8 * j + (i & 1)) as i32;
             let h = i / 2;
-            let x = if key <= pos[h] {
+            let x = if lo[h] < o && o <= hi[h] {
                 s[j][i] * scale_log2
             } else {
                 f32::NEG_INFINITY
@@ -308,8 +336,10 @@ fn softmax_update<const D: usize>(
     for h in 0..2 {
         mx[h] = mx[h].max(shfl_xor_f32(mx[h], 1));
         mx[h] = mx[h].max(shfl_xor_f32(mx[h], 2));
-        // Tile 0 holds key 0, which every row sees, so `m` is finite after it and
-        // `m_new` is finite here.
+        // `m` starts at f32::MIN, finite and below every score, so `m_new` is finite
+        // even for a row that has seen no key yet (with a window, a warp's rows may
+        // start in different KV tiles): its alpha is 1 (O and l are still 0) and its
+        // masked scores give P = 0, never `-inf - -inf`.
         let m_new = st.m[h].max(mx[h]);
         alpha[h] = exp2_fast(st.m[h] - m_new);
         st.m[h] = m_new;
@@ -372,7 +402,8 @@ unsafe fn accumulate_pv<T: Storage, const D: usize>(
 /// Query tokens of all sequences are concatenated: sequence `s` owns query rows
 /// `query_start_loc[s] .. query_start_loc[s + 1]`, its last tokens, so query row `i`
 /// of `s` sits at position `context_lens[s] - q_len + i` and attends to cached tokens
-/// `0..=position`. K/V of the new tokens must already be in the cache.
+/// `0..=position`, or with a sliding window (`window > 0`) to `max(0, position + 1 -
+/// window) ..= position`. K/V of the new tokens must already be in the cache.
 ///
 /// # Safety
 /// `T` is `bf16` or `f16`, `D % 16 == 0` and `D <= 256`; launched with
@@ -381,7 +412,7 @@ unsafe fn accumulate_pv<T: Storage, const D: usize>(
 /// caches `[num_blocks, block_size, num_kv_heads, D]` (16-byte aligned); `block_tables`
 /// `[num_seqs, max_blocks_per_seq]` covering each context; `query_start_loc`:
 /// `[num_seqs + 1]` from 0, non-decreasing; `q_len <= context_len` for every sequence;
-/// `num_kv_heads` divides `num_heads`.
+/// `num_kv_heads` divides `num_heads`. Table entries before a tile's window are not read.
 pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
     out: *mut T,
     q: *const T,
@@ -395,6 +426,7 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
     scale: f32,
     block_size: u32,
     max_blocks_per_seq: u32,
+    window: u32,
 ) {
     const { assert!(D.is_multiple_of(16) && D <= MAX_D && core::mem::size_of::<T>() == 2) };
     let warps = block_dim_x() as usize / 32;
@@ -411,6 +443,13 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
     let pos = [tile.pos0 + rows_lh[0], tile.pos0 + rows_lh[1]];
     let warp_active = row0 < tile.rows;
     let warp_last = tile.pos0 + (row0 + WARP_ROWS).min(tile.rows) - 1;
+    // Keys the tile sees: from its first row's first key (0 without a window) to its
+    // last row's position. KV tiles are cut from `kv_lo`, so none lies wholly before
+    // the window. A warp computes every KV tile from there (its rows start at most 48
+    // keys later: at BC 64 that is always the first tile, at BC 32 warps 2 and 3 may
+    // compute one tile wholly before their rows' windows, masked); a per-warp start
+    // test cost 3-4 registers for that one tile.
+    let kv_lo = crate::decode::window_start(tile.pos0 + 1, window);
     let kv_end = tile.pos0 + tile.rows;
     let q_row = |r: usize| (tile.q_start + tile.i0 + r) * num_heads + head;
 
@@ -436,7 +475,8 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
     let vs = ks.wrapping_add(bc * (D + PAD));
     let mut st = State {
         o: [[0.0; 4]; MAX_D / 8],
-        m: [f32::NEG_INFINITY; 2],
+        // Finite (see `softmax_update`): the first key of a row rescales by exp2(MIN - m) = 0.
+        m: [f32::MIN; 2],
         l: [0.0; 2],
     };
     let scale_log2 = scale * core::f32::consts::LOG2_E;
@@ -444,8 +484,8 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
     // during S = Q K(k)^T and the copy of K(k + 1) during O += P V(k).
     // SAFETY: the block table covers keys below kv_end <= context_len; no thread reads
     // a tile before the wait and barrier that follow its copy.
-    unsafe { stage::<T, D>(&kv, k_cache, 0, kv_end, ks) };
-    let mut t0 = 0;
+    unsafe { stage::<T, D>(&kv, k_cache, kv_lo, kv_end, ks) };
+    let mut t0 = kv_lo;
     while t0 < kv_end {
         let compute = warp_active && t0 <= warp_last;
         sync_threads(); // PV of the previous tile has finished reading V.
@@ -461,7 +501,7 @@ pub unsafe fn prefill_attention_mma<T: Storage, const D: usize>(
             unsafe {
                 s = scores::<T, D>(&qf, q, q_rows, SmemAddr::of(ks).opaque(), lane);
             }
-            softmax_update::<D>(&mut st, &mut s, t0, pos, scale_log2, lane);
+            softmax_update::<D>(&mut st, &mut s, t0, pos, window, scale_log2, lane);
         }
         sync_threads(); // Every warp has finished reading K.
         if t0 + bc < kv_end {

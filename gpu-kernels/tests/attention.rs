@@ -81,6 +81,7 @@ fn decode_case<T: Storage, const D: usize>(
                 scale,
                 block_size as u32,
                 max_blocks as u32,
+                0,
             )
         })
     };
@@ -119,6 +120,7 @@ fn decode_case<T: Storage, const D: usize>(
                 block_size as u32,
                 max_blocks as u32,
                 part,
+                0,
             )
         });
         launch(cfg_r, || {
@@ -242,6 +244,7 @@ fn prefill_case<T: Storage, const D: usize>(name: &str) {
                 scale,
                 bs as u32,
                 max_blocks as u32,
+                0,
             )
         })
     };
@@ -400,6 +403,7 @@ fn planned_decode_runs() {
                 bs as u32,
                 max_blocks as u32,
                 partition_size,
+                0,
             )
         });
         launch(reduce, || {

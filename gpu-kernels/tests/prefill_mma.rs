@@ -88,6 +88,7 @@ fn mma_case<T: Storage, const D: usize>(
                 scale,
                 bs as u32,
                 max_blocks as u32,
+                0,
             )
         })
     };

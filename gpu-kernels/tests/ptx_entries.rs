@@ -88,7 +88,7 @@ fn kernel_table_has_every_family_dtype_and_head_size() {
         KERNELS.len(),
         4 * 3 * gpu_kernels::attention::HEAD_SIZES.len()
             + 2 * gpu_kernels::attention::HEAD_SIZES.len() // prefill_attention_mma (f16, bf16)
-            + 8 * 3
+            + 12 * 3 // the per-dtype row kernels
             + 4 // + greedy_rows_f32, sample_rows_f32, fill_counts, penalize_rows
     );
     for dt in ["f16", "bf16"] {
@@ -108,6 +108,32 @@ fn kernel_table_has_every_family_dtype_and_head_size() {
                 let name = format!("{fam}_{dt}_h{h}");
                 assert!(KERNELS.iter().any(|k| k.name == name), "missing {name}");
             }
+        }
+    }
+    for dt in ["f32", "f16", "bf16"] {
+        for fam in [
+            "rms_norm_heads",
+            "add_rms_norm",
+            "gelu_tanh_and_mul",
+            "scale_rows",
+        ] {
+            let name = format!("{fam}_{dt}");
+            assert!(KERNELS.iter().any(|k| k.name == name), "missing {name}");
+        }
+    }
+    // Every attention family takes the sliding window as its last parameter.
+    for k in KERNELS {
+        let windowed = [
+            "paged_attention_v1_",
+            "paged_attention_v2_",
+            "prefill_attention_",
+        ]
+        .iter()
+        .any(|f| k.name.starts_with(f))
+            && !k.name.starts_with("paged_attention_v2_reduce");
+        if windowed {
+            let last = k.params.last().map(|p| p.name);
+            assert_eq!(last, Some("window"), "{}: last parameter", k.name);
         }
     }
     let mut names: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();

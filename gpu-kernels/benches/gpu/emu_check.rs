@@ -1,7 +1,8 @@
 //! Runs the GPU benchmark's validation problem on the host emulator, so the problem
 //! builder, the f64 reference and the launch parameters the CUDA path uses are checked
 //! on every machine, GPU or not. Small shape (4 ragged sequences, 8 query / 2 KV heads,
-//! contexts up to 96, split-K partition 32): a few seconds of emulation.
+//! contexts up to 96, split-K partition 32), without and with a sliding window (the
+//! windowed reference of the Gemma figure): a few seconds of emulation.
 
 use crate::problem::{check_close, poisoned, BenchRng, DecodeProblem, DecodeShape, D};
 use gpu_kernels::attention::paged_attention_v2_reduce;
@@ -15,10 +16,20 @@ const THREADS: u32 = 64;
 /// Split-K partition of the emulator check (smaller than the longest context).
 const PARTITION: u32 = 32;
 
-/// Validates v1 and the v2 split-K pair on the emulator against the f64 reference.
+/// Validates v1 and the v2 split-K pair on the emulator against the f64 reference,
+/// without a window and with one shorter than most contexts.
 pub fn run(r: &mut BenchRng) -> Result<(), String> {
     let shape = DecodeShape::ragged(r, 8, 2, 96);
-    let p = DecodeProblem::random(r, shape);
+    let mut p = DecodeProblem::random(r, shape);
+    let window = r.range(2, 60) as u32;
+    for w in [0, window] {
+        p.shape.window = w;
+        check(r.seed, &p)?;
+    }
+    Ok(())
+}
+
+fn check(seed: u64, p: &DecodeProblem) -> Result<(), String> {
     let want = p.reference();
     let s = &p.shape;
     let (seqs, heads, max_ctx) = (s.ctx.len() as u32, s.heads as u32, s.max_ctx());
@@ -27,6 +38,7 @@ pub fn run(r: &mut BenchRng) -> Result<(), String> {
         s.block_size as u32,
         s.max_blocks() as u32,
     );
+    let w = s.window;
     let (qp, kp, vp, bt, cl) = (
         p.q.as_ptr(),
         p.k.as_ptr(),
@@ -42,10 +54,12 @@ pub fn run(r: &mut BenchRng) -> Result<(), String> {
     // outlives the launch, which joins its threads before returning.
     unsafe {
         launch(cfg, || {
-            paged_attention_v1::<bf16, D>(o, qp, kp, vp, bt, cl, heads, kv_heads, p.scale, bs, mb)
+            paged_attention_v1::<bf16, D>(
+                o, qp, kp, vp, bt, cl, heads, kv_heads, p.scale, bs, mb, w,
+            )
         })
     };
-    check_close("emulator v1", r.seed, &out, &want)?;
+    check_close(&format!("emulator v1 window {w}"), seed, &out, &want)?;
 
     let parts = geom::num_partitions(max_ctx, PARTITION);
     let slots = p.q.len() / D * parts as usize;
@@ -67,17 +81,17 @@ pub fn run(r: &mut BenchRng) -> Result<(), String> {
     unsafe {
         launch(cfg, || {
             paged_attention_v2::<bf16, D>(
-                tp, mp, ep, qp, kp, vp, bt, cl, heads, kv_heads, p.scale, bs, mb, PARTITION,
+                tp, mp, ep, qp, kp, vp, bt, cl, heads, kv_heads, p.scale, bs, mb, PARTITION, w,
             )
         });
         launch(cfg_r, || {
             paged_attention_v2_reduce::<bf16, D>(o2, tp, mp, ep, cl, PARTITION, parts)
         });
     }
-    check_close("emulator v2", r.seed, &out2, &want)?;
+    check_close(&format!("emulator v2 window {w}"), seed, &out2, &want)?;
     println!(
         "emulator check: paged_attention v1 and v2 (partition {PARTITION}) bf16 h{D} match the \
-         f64 reference, contexts {:?}, {}/{} heads",
+         f64 reference, contexts {:?}, {}/{} heads, window {w}",
         s.ctx, s.heads, s.kv_heads
     );
     Ok(())

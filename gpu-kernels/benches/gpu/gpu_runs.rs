@@ -141,6 +141,7 @@ impl AttnDevice {
         let (seqs, heads, kvh, d) = self.dims();
         let mut args = vec![("out", gpu.ptr(&self.out)), ("q", gpu.ptr(&self.q))];
         args.extend(self.kv_args(gpu));
+        args.push(("window", Arg::U32(self.shape.window)));
         let cfg = geom::decode_v1(seqs, heads, kvh, d, geom::ATTN_THREADS);
         gpu.launch(&k.v1, cfg, &args)
     }
@@ -162,6 +163,7 @@ impl AttnDevice {
         ];
         args.extend(self.kv_args(gpu));
         args.push(("partition_size", Arg::U32(partition)));
+        args.push(("window", Arg::U32(self.shape.window)));
         let threads = geom::ATTN_THREADS;
         let cfg = geom::decode_v2(seqs, heads, kvh, d, max_ctx, partition, threads);
         gpu.launch(&k.v2, cfg, &args)?;
@@ -306,8 +308,9 @@ fn report(what: &str, ms: f64, bytes: u64, copy: f64) {
     );
 }
 
-/// Times decode attention at vLLM's, SmolLM2's and Llama-3-8B's shapes (v1, v2 at
-/// vLLM's partition, and the planner's choice), then rms_norm and reshape_and_cache.
+/// Times decode attention at vLLM's, SmolLM2's, Llama-3-8B's and a Gemma-3 sliding-window
+/// layer's shapes (v1, v2 at vLLM's partition, and the planner's choice), then rms_norm
+/// and reshape_and_cache. Prefill runs without a window (0).
 pub fn bench(gpu: &Gpu, r: &mut BenchRng) -> Result<(), GpuError> {
     let sm = gpu.ctx.attribute(
         cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
@@ -328,6 +331,10 @@ pub fn bench(gpu: &Gpu, r: &mut BenchRng) -> Result<(), GpuError> {
         (
             "Llama-3-8B: batch 64, ctx 2048, 32/8 heads, h128",
             DecodeShape::llama3_8b(),
+        ),
+        (
+            "Gemma-3-270M local: batch 64, ctx 4096, window 512, 4/1 heads, h256",
+            DecodeShape::gemma3_local(),
         ),
     ];
     for (label, shape) in shapes {
@@ -357,7 +364,7 @@ fn bench_decode(
     let (d, bytes) = (p.shape.d, p.shape.bytes_moved());
     let k = AttnKernels::load(gpu, d)?;
     let mut dev = AttnDevice::upload(gpu, &p, geom::MIN_PARTITION)?;
-    let plan = geom::plan_decode(dev.plan_shape(sm));
+    let plan = geom::plan_decode_window(dev.plan_shape(sm), p.shape.window);
     let planned = match plan {
         geom::DecodePlan::V1(_) => Decode::V1,
         geom::DecodePlan::V2 { partition_size, .. } => Decode::V2 {
@@ -411,6 +418,7 @@ fn bench_prefill(
         kv_heads,
         block_size: 16,
         d,
+        window: 0,
     };
     let p = DecodeProblem::random(r, shape);
     let tokens = seqs * ctx as usize;
@@ -465,6 +473,7 @@ fn bench_prefill(
             ("scale", Arg::F32(p.scale)),
             ("block_size", Arg::U32(16)),
             ("max_blocks_per_seq", Arg::U32(p.shape.max_blocks() as u32)),
+            ("window", Arg::U32(0)),
         ];
         let ms = gpu.time(1, 5, || gpu.launch(&kernel, cfg, &args))?;
         let out = gpu.download(&od)?;

@@ -77,6 +77,9 @@ pub struct DecodeShape {
     pub block_size: usize,
     /// Head size.
     pub d: usize,
+    /// Sliding window (0: none): the query at position `ctx - 1` attends the last
+    /// `min(ctx, window)` tokens.
+    pub window: u32,
 }
 
 impl DecodeShape {
@@ -88,6 +91,7 @@ impl DecodeShape {
             kv_heads: 8,
             block_size: 16,
             d: D,
+            window: 0,
         }
     }
 
@@ -100,6 +104,7 @@ impl DecodeShape {
             kv_heads: 3,
             block_size: 16,
             d: 64,
+            window: 0,
         }
     }
 
@@ -111,6 +116,20 @@ impl DecodeShape {
             kv_heads: 8,
             block_size: 16,
             d: 128,
+            window: 0,
+        }
+    }
+
+    /// A Gemma-3-270M sliding-window layer at batch 64, context 4096: 4 query / 1 KV
+    /// heads, head 256, window 512.
+    pub fn gemma3_local() -> Self {
+        Self {
+            ctx: vec![4096; 64],
+            heads: 4,
+            kv_heads: 1,
+            block_size: 16,
+            d: 256,
+            window: 512,
         }
     }
 
@@ -130,6 +149,16 @@ impl DecodeShape {
             kv_heads,
             block_size,
             d: D,
+            window: 0,
+        }
+    }
+
+    /// Tokens a decode query with context `ctx` attends: `ctx`, or `min(ctx, window)`.
+    pub fn attended(&self, ctx: u32) -> u32 {
+        if self.window == 0 {
+            ctx
+        } else {
+            ctx.min(self.window)
         }
     }
 
@@ -143,11 +172,11 @@ impl DecodeShape {
         (self.max_ctx() as usize).div_ceil(self.block_size).max(1)
     }
 
-    /// Bytes a decode step must move at least: each sequence's K and V rows once (all
-    /// query heads of a KV head share them), the query and the output.
+    /// Bytes a decode step must move at least: each sequence's attended K and V rows
+    /// once (all query heads of a KV head share them), the query and the output.
     pub fn bytes_moved(&self) -> u64 {
         let elem = std::mem::size_of::<bf16>() as u64;
-        let tokens: u64 = self.ctx.iter().map(|&c| u64::from(c)).sum();
+        let tokens: u64 = self.ctx.iter().map(|&c| u64::from(self.attended(c))).sum();
         let kv = 2 * tokens * (self.kv_heads * self.d) as u64 * elem;
         let q_out = 2 * (self.ctx.len() * self.heads * self.d) as u64 * elem;
         kv + q_out
@@ -218,30 +247,34 @@ impl DecodeProblem {
     }
 
     /// f64 softmax attention of the listed (sequence, head) rows, concatenated
-    /// (`D` values each). O(rows * ctx * D).
+    /// (`D` values each), over each sequence's attended tokens (the shape's window).
+    /// O(rows * ctx * D).
     pub fn reference_rows(&self, rows: &[(usize, usize)]) -> Vec<f64> {
         let (heads, kv_heads, d) = (self.shape.heads, self.shape.kv_heads, self.shape.d);
         let mut out = Vec::with_capacity(rows.len() * d);
         for &(s, h) in rows {
             let q = &self.q[(s * heads + h) * d..][..d];
             let kvh = h / (heads / kv_heads);
-            out.extend(self.attend(q, s, kvh, self.shape.ctx[s] as usize));
+            let len = self.shape.ctx[s];
+            let lo = (len - self.shape.attended(len)) as usize;
+            out.extend(self.attend(q, s, kvh, lo, len as usize));
         }
         out
     }
 
     /// f64 softmax attention of query row `q` over tokens `0..len` of sequence `s`, KV
-    /// head `kvh` (a causal prefill row at position `len - 1`).
+    /// head `kvh` (a causal prefill row at position `len - 1`, no window).
     pub fn reference_prefix(&self, q: &[bf16], s: usize, kvh: usize, len: usize) -> Vec<f64> {
-        self.attend(q, s, kvh, len)
+        self.attend(q, s, kvh, 0, len)
     }
 
-    fn attend(&self, q: &[bf16], s: usize, kvh: usize, len: usize) -> Vec<f64> {
+    /// Attention over tokens `lo..len`.
+    fn attend(&self, q: &[bf16], s: usize, kvh: usize, lo: usize, len: usize) -> Vec<f64> {
         let d = self.shape.d;
         if len == 0 {
             return vec![0.0; d];
         }
-        let logits: Vec<f64> = (0..len)
+        let logits: Vec<f64> = (lo..len)
             .map(|t| {
                 let k = &self.k[self.row(s, t, kvh)..][..d];
                 f64::from(self.scale)
@@ -256,8 +289,8 @@ impl DecodeProblem {
         let z: f64 = p.iter().sum();
         (0..d)
             .map(|i| {
-                (0..len)
-                    .map(|t| p[t] * f64::from(self.v[self.row(s, t, kvh) + i].to_f32()))
+                (lo..len)
+                    .map(|t| p[t - lo] * f64::from(self.v[self.row(s, t, kvh) + i].to_f32()))
                     .sum::<f64>()
                     / z
             })

@@ -70,8 +70,26 @@ impl<T: Storage> Paged<T> {
         scale: f64,
         d: usize,
     ) -> Vec<f64> {
+        self.reference_range(q, s, head, heads, 0, len, scale, d)
+    }
+
+    /// f64 softmax attention of query row `q` over tokens `lo..len` of seq `s` (a
+    /// sliding window: see [`window_lo`]).
+    #[allow(clippy::too_many_arguments)] // mirrors the kernel's problem description
+    pub fn reference_range(
+        &self,
+        q: &[T],
+        s: usize,
+        head: usize,
+        heads: usize,
+        lo: usize,
+        len: usize,
+        scale: f64,
+        d: usize,
+    ) -> Vec<f64> {
+        assert!(lo < len, "empty key range {lo}..{len}");
         let kvh = head / (heads / self.kv_heads);
-        let logits: Vec<f64> = (0..len)
+        let logits: Vec<f64> = (lo..len)
             .map(|t| {
                 let k = &self.k[self.row(s, t, kvh, d)..][..d];
                 scale
@@ -86,11 +104,21 @@ impl<T: Storage> Paged<T> {
         let z: f64 = p.iter().sum();
         (0..d)
             .map(|i| {
-                (0..len)
-                    .map(|t| p[t] * self.v[self.row(s, t, kvh, d) + i].to_f32() as f64)
+                (lo..len)
+                    .map(|t| p[t - lo] * self.v[self.row(s, t, kvh, d) + i].to_f32() as f64)
                     .sum::<f64>()
                     / z
             })
             .collect()
+    }
+}
+
+/// The first key a query at position `pos` sees with sliding window `window` (0: no
+/// window): `max(0, pos + 1 - window)`, as the CPU engine's attention.
+pub fn window_lo(pos: usize, window: u32) -> usize {
+    if window == 0 {
+        0
+    } else {
+        (pos + 1).saturating_sub(window as usize)
     }
 }
