@@ -132,9 +132,96 @@ fn smollm2_two_layers() -> Weights {
     (loaded.config, loaded.weights)
 }
 
+/// A fetched K-quant model's first `layers` layers in f32, or `None` (with
+/// a printed SKIP) when the file is absent.
+fn k_quant_layers(file: &str, name: &str, layers: usize) -> Option<Weights> {
+    let path = model_loader::paths::models_dir().join(file);
+    if !path.is_file() {
+        say(&format!(
+            "SKIP {name} on the emulated GPU: {} is missing (cargo xtask fetch-model --model {name})",
+            path.display()
+        ));
+        return None;
+    }
+    let mut loaded = model_loader::load_model(&path).expect("load");
+    loaded.config.num_hidden_layers = layers;
+    loaded.weights.layers.truncate(layers);
+    Some((loaded.config, loaded.weights))
+}
+
+/// Runs `prompts` for `new_tokens` on the CPU and the emulated GPU in f32
+/// and asserts every greedy id equal (and the top-5 logprobs within 1e-3).
+fn f32_ids_equal(name: &str, model: &Weights, prompts: &[Vec<u32>], new_tokens: usize) {
+    let reference = cpu_reference(cpu_model(model), prompts, new_tokens);
+    let lines = check_against_cpu(
+        &reference,
+        prompts,
+        model,
+        EmuDevice::new(),
+        DType::F32,
+        1e-3,
+    );
+    for line in &lines {
+        println!("emulated f32 {name} {line}");
+    }
+    assert!(
+        lines.iter().all(|l| l.contains("ids equal")),
+        "{name}: the emulated GPU's greedy ids differ from the CPU's: {lines:?}"
+    );
+}
+
+/// Qwen2.5-Coder-0.5B's real weights (q/k/v biases, untied head, vocab
+/// 151,936, head 64, GQA 14:2) cut to two layers, on its golden prompts.
+#[test]
+fn qwen_layers_on_the_emulated_gpu_match_the_cpu() {
+    let Some(model) = k_quant_layers(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen2.5-coder-0.5b",
+        2,
+    ) else {
+        return;
+    };
+    f32_ids_equal(
+        "qwen2.5",
+        &model,
+        &short_prompts_of("qwen2.5_coder_golden.json"),
+        4,
+    );
+}
+
+/// Gemma-3-270M's real weights (scaled embedding, q/k norms, post-norms,
+/// GELU-tanh, head 256, one KV head, vocab 262,144) cut to its first six
+/// layers: five sliding-window local layers and the first global one. The
+/// window is shrunk to 5 tokens so that it binds on these short prompts
+/// (both executors run the same config: the GPU kernels' window against
+/// the CPU's masking).
+#[test]
+fn gemma_layers_with_a_binding_window_on_the_emulated_gpu_match_the_cpu() {
+    let Some((mut config, weights)) = k_quant_layers("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m", 6)
+    else {
+        return;
+    };
+    let model_loader::Architecture::Gemma3(mut g) = config.architecture else {
+        panic!("not gemma3: {:?}", config.architecture);
+    };
+    assert!(
+        g.is_local(0) && !g.is_local(5),
+        "layers 0-4 local, 5 global"
+    );
+    g.sliding_window = 5;
+    config.architecture = model_loader::Architecture::Gemma3(g);
+    let model = (config, weights);
+    f32_ids_equal("gemma3", &model, &short_prompts_of("gemma3_golden.json"), 4);
+}
+
 /// Short golden prompts (chat and raw) for the emulated runs.
 fn short_prompts() -> Vec<Vec<u32>> {
-    let golden = load_golden("smollm2_golden.json");
+    short_prompts_of("smollm2_golden.json")
+}
+
+/// Every third golden prompt of `fixture`, cut to its last 12 tokens.
+fn short_prompts_of(fixture: &str) -> Vec<Vec<u32>> {
+    let golden = load_golden(fixture);
     golden
         .cases
         .iter()

@@ -522,15 +522,7 @@ impl Backend for GpuStep<'_, '_> {
         let kernel = needed(self.p.kernels.rms_norm_heads, "per-head q/k norms")?;
         let d = self.p.dims;
         let threads = self.dev.threads(ThreadsFor::Rows);
-        let cfg = LaunchConfig {
-            grid: geom::Dim3 {
-                x: self.n() as u32,
-                y: (d.heads + d.kv_heads) as u32,
-                z: 1,
-            },
-            block: geom::Dim3::x(threads),
-            shared_mem_bytes: 0,
-        };
+        let cfg = geom::per_head(self.n() as u32, (d.heads + d.kv_heads) as u32, threads);
         let args = [
             self.at(qkv).arg(),
             q.ptr.arg(),

@@ -1,5 +1,6 @@
 //! The attention launch of one layer: the decode kernels (single pass or
-//! split-K, as `gpu_kernels::launch::plan_decode` chooses per step) when every
+//! split-K, as `gpu_kernels::launch::plan_decode_window` chooses per step and
+//! layer) when every
 //! sequence has one query token, else the prefill kernel over the whole mixed
 //! batch: the tensor-core FlashAttention-2 kernel (`prefill_attention_mma`) for
 //! bf16/f16 at head sizes that are multiples of 16, the streaming one otherwise
@@ -47,18 +48,15 @@ pub(super) unsafe fn attention(
     bs: usize,
     a: &AttnArgs,
 ) -> Result<(), GpuError> {
-    if a.window.is_some() {
-        return Err(GpuError::Unsupported(
-            "sliding-window attention (the kernels take no window yet)".into(),
-        ));
-    }
     let (n, seqs) = (batch.token_ids.len(), batch.seqs.len());
     let (hd, q, out, kc, vc) = (d.head_dim, a.q, a.out, a.kc, a.vc);
     let scale = KernelArg::F32(a.scale);
+    // 0: no window (every kernel's convention).
+    let window = a.window.unwrap_or(0) as u32;
     let threads = dev.threads(ThreadsFor::Attention);
     let common = [kc.arg(), vc.arg(), m.tables.arg(), m.context_lens.arg()];
     if m.all_decode {
-        let plan = geom::plan_decode(geom::DecodeShape {
+        let shape = geom::DecodeShape {
             num_seqs: seqs as u32,
             num_heads: d.heads as u32,
             num_kv_heads: d.kv_heads as u32,
@@ -68,7 +66,8 @@ pub(super) unsafe fn attention(
             block_size: bs as u32,
             sm_count: dev.sm_count(),
             threads,
-        });
+        };
+        let plan = geom::plan_decode_window(shape, window);
         let [kc, vc, tables, lens] = common;
         let (cfg, reduce, partition_size, max_partitions) = match plan {
             geom::DecodePlan::V1(cfg) => {
@@ -84,6 +83,7 @@ pub(super) unsafe fn attention(
                     scale,
                     u(bs),
                     u(m.max_blocks),
+                    KernelArg::U32(window),
                 ];
                 // SAFETY: forwarded to the caller; the plan's geometry and
                 // shared memory are the kernel's (no context-length limit).
@@ -120,6 +120,7 @@ pub(super) unsafe fn attention(
             u(bs),
             u(m.max_blocks),
             u(partition_size),
+            KernelArg::U32(window),
         ];
         // SAFETY: forwarded; scratch sized for `max_partitions` partitions per
         // (seq, head), as the plan's grid writes.
@@ -160,6 +161,7 @@ pub(super) unsafe fn attention(
         scale,
         u(bs),
         u(m.max_blocks),
+        KernelArg::U32(window),
     ];
     // SAFETY: forwarded; query_start_loc has `seqs + 1` entries from 0, each
     // span's query is its last tokens (validated).
