@@ -14,6 +14,9 @@ pub mod batch;
 pub mod error;
 pub mod ids;
 
-pub use batch::{validate_batch, BlockOps, ForwardBatch, GreedyRow, KvGeometry, Logits, SeqSpan};
+pub use batch::{
+    validate_batch, BlockOps, ContiguousLayout, ForwardBatch, GreedyRow, KvGeometry, Logits,
+    SeqSpan,
+};
 pub use error::{cause, Cause, EngineError, ExecError, GpuError, KvError, Report, RequestError};
 pub use ids::{BlockCopy, BlockId, RequestId, SeqId};

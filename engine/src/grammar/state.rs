@@ -23,7 +23,7 @@
 //! plus one consume per new token; rows are processed in parallel (rayon).
 
 use super::{CompiledGrammar, Mask};
-use crate::scheduler::RequestId;
+use engine_core::RequestId;
 use llguidance::Matcher;
 use std::collections::HashMap;
 

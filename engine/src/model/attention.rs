@@ -25,7 +25,7 @@ use super::attn_rows;
 use super::kv_cache::{Kv, KvElem, KvGeometry, LayerKv};
 use super::ops::softmax_in_place;
 use super::par;
-use crate::executor::SeqSpan;
+use engine_core::SeqSpan;
 use std::cell::RefCell;
 
 /// Query tokens per attention task (balances long prefills over cores).
@@ -257,7 +257,7 @@ fn attend_task<E: KvElem>(
 /// Walks the pool addresses of one KV head's keys (or values) through a
 /// block table, block by block (no division per key).
 struct KeyWalk<'a> {
-    table: &'a [crate::kv::BlockId],
+    table: &'a [engine_core::BlockId],
     bs: usize,
     te: usize,
     /// Offset of the KV head inside a token's slot.

@@ -21,7 +21,7 @@ use super::linear::{Linear, LinearWeight};
 use super::ops::{embed, gelu_tanh_mul, rms_norm, rms_norm_in_place, silu_mul, RopeTables};
 use super::quant::{ActPrecision, QMatrix};
 use super::ModelError;
-use crate::executor::{ExecError, ForwardBatch, Logits};
+use engine_core::{ExecError, ForwardBatch, Logits};
 use model_loader::{ModelConfig, ModelWeights, Weight};
 
 /// The CPU's weight formats.

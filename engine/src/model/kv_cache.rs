@@ -21,10 +21,10 @@ use std::ops::Range;
 
 use half::f16;
 
-use crate::executor::ExecError;
-use crate::kv::BlockId;
+use engine_core::BlockId;
+use engine_core::ExecError;
 
-pub use crate::executor::types::KvGeometry;
+pub use engine_core::KvGeometry;
 
 /// Element type of a CPU KV pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,8 +4,8 @@
 use super::kv_cache::KvCache;
 use super::test_util::{random_weights, tiny_config};
 use super::CpuModel;
-use crate::executor::{ContiguousLayout, ExecError, ForwardBatch, Logits};
-use crate::kv::BlockId;
+use engine_core::BlockId;
+use engine_core::{ContiguousLayout, ExecError, ForwardBatch, Logits};
 use model_loader::{ModelConfig, ModelWeights, RopeScaling};
 
 fn matvec(w: &[f32], rows: usize, x: &[f64]) -> Vec<f64> {

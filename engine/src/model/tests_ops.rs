@@ -7,8 +7,8 @@ use super::ops::{
     softmax_in_place, RopeTables,
 };
 use super::test_util::rand_vec;
-use crate::executor::SeqSpan;
-use crate::kv::BlockId;
+use engine_core::BlockId;
+use engine_core::SeqSpan;
 use model_loader::RopeScaling;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;

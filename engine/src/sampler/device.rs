@@ -29,7 +29,7 @@
 
 use super::ops::SampleOut;
 use super::params::{SamplingParams, MAX_LOGPROBS};
-use crate::executor::Logits;
+use engine_core::Logits;
 use gpu_kernels::penalty::{pack_count, FILL_WORDS, NO_SLOT, PEN_WORDS};
 use gpu_kernels::sampling::PARAM_WORDS;
 use gpu_kernels::{KernelArg, LaunchConfig};

@@ -32,7 +32,7 @@ pub struct Sampler;
 
 impl Sampler {
     /// Greedy choice for each row (rows in parallel when there are several).
-    pub fn greedy_rows(&self, logits: &crate::executor::Logits) -> Vec<Sampled> {
+    pub fn greedy_rows(&self, logits: &engine_core::Logits) -> Vec<Sampled> {
         use rayon::prelude::*;
         if logits.rows < 2 {
             return (0..logits.rows)

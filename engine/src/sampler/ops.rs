@@ -56,8 +56,8 @@ pub struct SampleOut {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
-impl From<&crate::executor::GreedyRow> for SampleOut {
-    fn from(g: &crate::executor::GreedyRow) -> Self {
+impl From<&engine_core::GreedyRow> for SampleOut {
+    fn from(g: &engine_core::GreedyRow) -> Self {
         Self {
             token: g.token,
             logprob: g.logprob,

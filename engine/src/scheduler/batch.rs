@@ -8,8 +8,8 @@
 //! Cost: O(tokens + block table length) per pushed sequence.
 
 use super::sequence::{RequestId, SequenceGroup};
-use crate::executor::{ForwardBatch, SeqSpan};
 use crate::kv::{BlockCopy, KvCacheManager, KvError};
+use engine_core::{ForwardBatch, SeqSpan};
 
 /// Which sequence a logits row belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,59 +3,12 @@
 //! `crate::kv`; this one gives sequence `i` the fixed, contiguous run of
 //! blocks `[i * blocks_per_seq, (i + 1) * blocks_per_seq)`.
 
-use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch, Sampling, SeqSpan};
-use crate::kv::BlockId;
+pub use engine_core::ContiguousLayout;
+
+use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch, Sampling};
 
 /// Largest prompt chunk `generate_greedy` sends in one forward pass.
 const PREFILL_CHUNK: usize = 512;
-
-/// Fixed per-sequence block runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ContiguousLayout {
-    pub block_size: usize,
-    pub blocks_per_seq: usize,
-}
-
-impl ContiguousLayout {
-    /// Block table of sequence `seq` covering `context_len` tokens.
-    pub fn block_table(&self, seq: usize, context_len: usize) -> Vec<BlockId> {
-        let first = seq * self.blocks_per_seq;
-        (first..first + context_len.div_ceil(self.block_size))
-            .map(|b| BlockId(b as u32))
-            .collect()
-    }
-
-    /// Appends `tokens` of sequence `seq` (whose first `past` tokens are
-    /// already cached) to `batch`; asks for the last token's logits when
-    /// `want_logits`.
-    pub fn push(
-        &self,
-        batch: &mut ForwardBatch,
-        seq: usize,
-        past: usize,
-        tokens: &[u32],
-        want_logits: bool,
-    ) {
-        let context_len = past + tokens.len();
-        let table = self.block_table(seq, context_len);
-        for (i, &t) in tokens.iter().enumerate() {
-            let pos = past + i;
-            batch.token_ids.push(t);
-            batch.positions.push(pos);
-            batch.slot_mapping.push(
-                table[pos / self.block_size].0 as usize * self.block_size + pos % self.block_size,
-            );
-        }
-        if want_logits && !tokens.is_empty() {
-            batch.logits_rows.push(batch.token_ids.len() - 1);
-        }
-        batch.seqs.push(SeqSpan {
-            query_len: tokens.len(),
-            context_len,
-            block_table: table,
-        });
-    }
-}
 
 /// Index of the largest logit (the first one on ties; NaNs never win).
 pub fn argmax(row: &[f32]) -> u32 {
