@@ -10,7 +10,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 /// Everything a request can fail with.
-#[derive(Debug, Clone, Error, PartialEq)]
+#[derive(Debug, Clone, Error)]
 pub enum ApiError {
     /// The body is not JSON, or not the expected shape.
     #[error("{0}")]
@@ -51,7 +51,13 @@ pub enum ApiError {
     /// The server is shutting down.
     #[error("The server is shutting down")]
     ShuttingDown,
-    /// Anything else.
+    /// The engine failed (its typed chain, printed whole).
+    #[error("Internal server error: {}", Report(.0))]
+    Engine(EngineError),
+    /// The grammar compiler could not be built for this tokenizer.
+    #[error("Internal server error: {}", Report(.0))]
+    Grammar(engine::grammar::GrammarError),
+    /// A broken invariant of the server itself.
     #[error("Internal server error: {0}")]
     Internal(String),
 }
@@ -93,7 +99,9 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Engine(_) | ApiError::Grammar(_) | ApiError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -104,7 +112,9 @@ impl ApiError {
             ApiError::Unauthorized => "AuthenticationError",
             ApiError::Overloaded(_) => "RateLimitError",
             ApiError::ShuttingDown => "ServiceUnavailableError",
-            ApiError::Internal(_) => "InternalServerError",
+            ApiError::Engine(_) | ApiError::Grammar(_) | ApiError::Internal(_) => {
+                "InternalServerError"
+            }
             ApiError::PayloadTooLarge { .. } => "RequestTooLargeError",
             ApiError::MethodNotAllowed { .. } => "MethodNotAllowedError",
             _ => "BadRequestError",
@@ -179,9 +189,8 @@ impl From<EngineError> for ApiError {
             | EngineError::Kv(_)
             | EngineError::Executor(_)
             | EngineError::Inconsistent(_) => {
-                let report = Report(&e).to_string();
-                tracing::error!(error = %report, "engine failure");
-                ApiError::Internal(report)
+                tracing::error!(error = %Report(&e), "engine failure");
+                ApiError::Engine(e)
             }
         }
     }

@@ -21,7 +21,7 @@
 
 use crate::error::ApiError;
 use crate::protocol::{ChatRequest, CommonParams, StructuredOutputsIn, ToolIn};
-use engine::grammar::{CompiledGrammar, GrammarCompiler, GrammarSpec};
+use engine::grammar::{CompiledGrammar, GrammarCompiler, GrammarError, GrammarSpec};
 use model_loader::Tokenizer;
 use serde_json::{json, Value};
 use std::sync::{Arc, OnceLock};
@@ -29,7 +29,7 @@ use std::sync::{Arc, OnceLock};
 /// The grammar compiler for the served tokenizer, built on first use.
 #[derive(Default)]
 pub struct GrammarCache {
-    cell: OnceLock<Result<Arc<GrammarCompiler>, String>>,
+    cell: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
 }
 
 impl GrammarCache {
@@ -38,12 +38,10 @@ impl GrammarCache {
         self.cell
             .get_or_init(|| {
                 let eos = tokenizer.eos_token_ids().first().copied().unwrap_or(0);
-                GrammarCompiler::new(Arc::new(tokenizer.clone()), eos)
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string())
+                GrammarCompiler::new(Arc::new(tokenizer.clone()), eos).map(Arc::new)
             })
             .clone()
-            .map_err(ApiError::Internal)
+            .map_err(ApiError::Grammar)
     }
 }
 

@@ -144,14 +144,17 @@ fn lark_string(s: &str) -> String {
 }
 
 /// Why a grammar cannot be used.
-#[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Error)]
 pub enum GrammarError {
     /// The schema, regex, choice list or grammar does not compile.
     #[error("invalid {kind}: {reason}")]
     Invalid { kind: &'static str, reason: String },
     /// The tokenizer could not be turned into a token trie.
-    #[error("cannot build the token trie: {0}")]
-    Tokenizer(String),
+    #[error("cannot build the token trie")]
+    Tokenizer(#[source] crate::error::Cause),
+    /// The end-of-sequence id is not a token of the vocabulary.
+    #[error("EOS id {eos} is outside the vocabulary of {vocab_size}")]
+    EosOutsideVocab { eos: u32, vocab_size: usize },
 }
 
 /// A grammar compiled against one tokenizer: the matcher every sequence of
@@ -240,9 +243,7 @@ impl GrammarCompiler {
     pub fn new(tokenizer: Arc<Tokenizer>, eos: u32) -> Result<Self, GrammarError> {
         let vocab_size = tokenizer.vocab_size();
         if eos as usize >= vocab_size {
-            return Err(GrammarError::Tokenizer(format!(
-                "EOS id {eos} is outside the vocabulary of {vocab_size}"
-            )));
+            return Err(GrammarError::EosOutsideVocab { eos, vocab_size });
         }
         let words: Vec<Vec<u8>> = (0..vocab_size as u32)
             .map(|id| {
@@ -259,8 +260,10 @@ impl GrammarCompiler {
         let info = TokRxInfo::new(vocab_size as u32, eos);
         let trie = TokTrie::from(&info, &words);
         let env: TokEnv = Arc::new(TokenizerEnv { trie, tokenizer });
-        let mut factory = ParserFactory::new_simple(&env)
-            .map_err(|e| GrammarError::Tokenizer(format!("{e:#}")))?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| {
+            let e: Box<dyn std::error::Error + Send + Sync> = e.into();
+            GrammarError::Tokenizer(e.into())
+        })?;
         factory.quiet();
         Ok(Self {
             factory,
