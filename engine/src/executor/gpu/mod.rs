@@ -190,6 +190,19 @@ impl<D: Device> GpuExecutor<D> {
         )
     }
 
+    /// The device and the scratch, mutably, beside the parts every step
+    /// reads (disjoint borrows of one executor).
+    fn split(&mut self) -> (&mut D, &mut Scratch, Parts<'_>) {
+        let parts = Parts {
+            kernels: &self.kernels,
+            model: &self.model,
+            dims: self.dims,
+            dtype: self.dtype,
+            kv: &self.kv,
+        };
+        (&mut self.dev, &mut self.scratch, parts)
+    }
+
     /// CUDA graphs for decode steps of up to `min(512, max_num_seqs)`
     /// sequences (the default: up to 512), or none with `enforce_eager`
     /// (vLLM's `--enforce-eager`).
@@ -316,20 +329,8 @@ impl<D: Device> GpuExecutor<D> {
         if let Some(bucket) = self.graphs.bucket_of(batch) {
             return Ok(self.graph_step(batch, bucket, out)?);
         }
-        let parts = Parts {
-            kernels: &self.kernels,
-            model: &self.model,
-            dims: self.dims,
-            dtype: self.dtype,
-            kv: &self.kv,
-        };
-        Ok(forward::run_to(
-            &mut self.dev,
-            &parts,
-            &mut self.scratch,
-            batch,
-            out,
-        )?)
+        let (dev, scratch, parts) = self.split();
+        Ok(forward::run_to(dev, &parts, scratch, batch, out)?)
     }
 }
 
@@ -366,33 +367,25 @@ impl<D: Device> GpuExecutor<D> {
             self.dev.drop_graph(old)?;
         }
         let counts = graphs::padded_counts(bucket);
-        let parts = Parts {
-            kernels: &self.kernels,
-            model: &self.model,
-            dims: self.dims,
-            dtype: self.dtype,
-            kv: &self.kv,
-        };
-        let run = |dev: &mut D, scratch: &mut Scratch| {
-            forward::compute(dev, &parts, scratch, &counts, &m, out)
-        };
+        let dims = self.dims;
+        let (dev, scratch, parts) = self.split();
         // Eager first: computes this step and sizes every buffer, so that
         // the capture below allocates nothing.
-        run(&mut self.dev, &mut self.scratch)?;
-        let print = self.scratch.fingerprint();
-        self.dev.begin_capture()?;
-        let recorded = run(&mut self.dev, &mut self.scratch);
-        let graph = self.dev.end_capture();
+        forward::compute(dev, &parts, scratch, &counts, &m, out)?;
+        let print = scratch.fingerprint();
+        dev.begin_capture()?;
+        let recorded = forward::compute(dev, &parts, scratch, &counts, &m, out);
+        let graph = dev.end_capture();
         recorded?;
         let graph = graph?;
-        if self.scratch.fingerprint() != print {
-            self.dev.drop_graph(graph)?;
+        if scratch.fingerprint() != print {
+            dev.drop_graph(graph)?;
             return Err(GpuError::Device(
                 "a buffer moved while capturing a graph".into(),
             ));
         }
         self.graphs.insert(bucket, out, graph, print);
-        forward::finish(&mut self.dev, &mut self.scratch, self.dims, rows, out)
+        forward::finish(&mut self.dev, &mut self.scratch, dims, rows, out)
     }
 }
 

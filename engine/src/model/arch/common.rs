@@ -188,13 +188,38 @@ where
     })
 }
 
-/// Checks that the configuration's layer count is what the source has.
-pub fn check_layers(d: &Dims, found: usize) -> Result<(), ModelError> {
-    if found != d.layers {
+/// The dimensions of `config` and every layer read from `source`, a layer
+/// at a time: its shared block handed to `sink`, then `layer(i, block,
+/// rest)` builds the architecture's layer from it and what is left of the
+/// loader's layer (Gemma's norms).
+pub fn load_layers<S, L>(
+    config: &model_loader::ModelConfig,
+    source: &mut dyn WeightSource,
+    sink: &mut S,
+    mut layer: impl FnMut(
+        &mut S,
+        usize,
+        Block<MatrixOf<S>, VectorOf<S>>,
+        Option<model_loader::GemmaNorms>,
+    ) -> Result<L, S::Error>,
+) -> Result<(Dims, Vec<L>), S::Error>
+where
+    S: WeightSink,
+    S::Error: From<ModelError>,
+{
+    let dims = Dims::of(config)?;
+    let found = source.num_layers();
+    if found != dims.layers {
         return Err(ModelError::InvalidConfig(format!(
             "{found} layers of weights for {} configured layers",
-            d.layers
-        )));
+            dims.layers
+        ))
+        .into());
     }
-    Ok(())
+    let mut layers = Vec::with_capacity(dims.layers);
+    for i in 0..dims.layers {
+        let (block, rest) = load_block(sink, &dims, i, source.layer(i)?)?;
+        layers.push(layer(sink, i, block, rest)?);
+    }
+    Ok((dims, layers))
 }

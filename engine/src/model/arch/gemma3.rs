@@ -18,7 +18,7 @@
 //! Cost per step: the Llama graph's plus two head-norm and two norm-and-add
 //! passes per layer (O(tokens x hidden) each).
 
-use super::common::{check_layers, expect_t, load_block, load_ends, Block, Ends};
+use super::common::{expect_t, load_ends, load_layers, Block, Ends};
 use super::{Dims, WeightSource};
 use crate::model::backend::{Act, Backend, Format, Gate, LayerAttn, WeightSink};
 use crate::model::ops::RopeTables;
@@ -86,29 +86,26 @@ impl<F: Format> Gemma3<F> {
         S: WeightSink<Format = F>,
         S::Error: From<ModelError>,
     {
-        let dims = Dims::of(&config)?;
-        check_layers(&dims, source.num_layers())?;
-        let (h, hd) = (dims.hidden, dims.head_dim);
-        let mut layers = Vec::with_capacity(dims.layers);
-        for i in 0..dims.layers {
-            let (block, gemma) = load_block(sink, &dims, i, source.layer(i)?)?;
+        let (dims, layers) = load_layers(&config, source, sink, |sink, i, block, gemma| {
             let g = gemma.ok_or_else(|| {
                 ModelError::InvalidConfig(format!("layers.{i}: the gemma3 norms are missing"))
             })?;
+            let (h, hd) = (config.hidden_size, config.head_dim);
             let n = |s: &str| format!("layers.{i}.{s}");
             let mut norm = |name: &str, t, len| -> Result<F::Vector, S::Error> {
                 let v = expect_t(t, &n(name), &[len])?;
                 sink.vector(&n(name), v)
             };
-            layers.push(Layer {
+            Ok(Layer {
                 block,
                 q_norm: norm("q_norm", g.q_norm, hd)?,
                 k_norm: norm("k_norm", g.k_norm, hd)?,
                 post_attn_norm: norm("post_attn_norm", g.post_attn_norm, h)?,
                 post_ffn_norm: norm("post_ffn_norm", g.post_ffn_norm, h)?,
                 local: params.is_local(i),
-            });
-        }
+            })
+        })?;
+        let hd = dims.head_dim;
         let ends = load_ends(sink, &dims, source)?;
         let c = &config;
         let positions = c.max_position_embeddings;

@@ -14,7 +14,7 @@
 //! tokens (q/k/v and gate/up fused: four calls) plus paged attention; the
 //! head only for the logits rows.
 
-use super::common::{check_layers, load_block, load_ends, Block, Ends};
+use super::common::{load_ends, load_layers, Block, Ends};
 use super::{Dims, WeightSource};
 use crate::model::backend::{Act, Backend, Format, Gate, LayerAttn, WeightSink};
 use crate::model::ops::RopeTables;
@@ -53,19 +53,15 @@ impl<F: Format> Llama<F> {
         S: WeightSink<Format = F>,
         S::Error: From<ModelError>,
     {
-        let dims = Dims::of(&config)?;
-        check_layers(&dims, source.num_layers())?;
-        let mut layers = Vec::with_capacity(dims.layers);
-        for i in 0..dims.layers {
-            let (block, gemma) = load_block(sink, &dims, i, source.layer(i)?)?;
+        let (dims, layers) = load_layers(&config, source, sink, |_, i, block, gemma| {
             if gemma.is_some() {
                 return Err(ModelError::InvalidConfig(format!(
                     "layers.{i}: Gemma norms present without the gemma3 architecture"
                 ))
                 .into());
             }
-            layers.push(block);
-        }
+            Ok(block)
+        })?;
         let ends = load_ends(sink, &dims, source)?;
         let c = &config;
         let rope = sink.rope(RopeTables::new(
