@@ -1,14 +1,20 @@
-//! `cargo run --release -p model-loader --example load_time -- [PATH] [RUNS]`:
+//! `cargo run --release -p model-loader --example load_time -- [PATH] [RUNS] [--stream]`:
 //! wall time of `load_model_with(PATH, File | F32)` (default: the SmolLM2
 //! GGUF, 3 runs each; min and median printed) and a digest of the loaded
 //! weights (every matrix's type, shape and bytes, every norm and bias), so
 //! two builds of the loader can be compared for speed and for identical
-//! output side by side. The peak resident memory of the process comes last.
+//! output side by side. The peak resident memory of the process comes last
+//! (mapped file pages included).
+//!
+//! With `--stream` it instead converts the whole model to f32 the way a
+//! streaming consumer does, through `WeightReader`: the embedding and head
+//! kept quantized and converted 4096 rows at a time, each layer read as f32
+//! and dropped (nothing uploaded; one run per process, so the peak is its own).
 
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
-use model_loader::{load_model_with, LayerWeights, Tensor, Weight, WeightTypes};
+use model_loader::{load_model_with, LayerWeights, Tensor, Weight, WeightReader, WeightTypes};
 
 fn hash_tensor(h: &mut impl Hasher, t: &Tensor) {
     t.shape.hash(h);
@@ -55,14 +61,55 @@ fn peak_rss_mib() -> Option<u64> {
     Some(kib / 1024)
 }
 
+/// Every tensor converted to f32 through the reader, in bounded chunks;
+/// returns the number of f32 values produced.
+fn stream(path: &std::path::Path) -> Result<usize, Box<dyn std::error::Error>> {
+    let r = WeightReader::open(path)?;
+    let mut n = r.final_norm()?.len();
+    let mut chunked = |w: &Weight| -> Result<(), model_loader::LoaderError> {
+        let mut buf = vec![0f32; 4096 * w.cols()];
+        for start in (0..w.rows()).step_by(4096) {
+            let end = (start + 4096).min(w.rows());
+            let out = &mut buf[..(end - start) * w.cols()];
+            w.to_f32_rows(start..end, out)?;
+            n += out.len();
+        }
+        Ok(())
+    };
+    chunked(&r.token_embedding(WeightTypes::File)?)?;
+    if let Some(head) = r.lm_head(WeightTypes::File)? {
+        chunked(&head)?;
+    }
+    for i in 0..r.num_layers() {
+        let l = r.layer(i, WeightTypes::F32)?;
+        n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+            .iter()
+            .map(|w| w.nbytes() / 4)
+            .sum::<usize>();
+    }
+    Ok(n)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let streaming = args.iter().any(|a| a == "--stream");
+    let mut args = args.into_iter().filter(|a| a != "--stream");
     let path = args.next().map_or_else(
         model_loader::paths::default_model_path,
         std::path::PathBuf::from,
     );
     let runs: usize = args.next().map_or(Ok(3), |s| s.parse())?;
     println!("{}", path.display());
+    if streaming {
+        let t = Instant::now();
+        let n = stream(&path)?;
+        println!(
+            "streamed {n} f32 values in {:.3} s, peak RSS {} MiB",
+            t.elapsed().as_secs_f64(),
+            peak_rss_mib().unwrap_or(0)
+        );
+        return Ok(());
+    }
     for types in [WeightTypes::File, WeightTypes::F32] {
         let mut times = Vec::with_capacity(runs);
         let mut digest = 0u64;
