@@ -4,7 +4,9 @@
 //! projections of each layer, the embedding and the LM head): [`Tensor`]
 //! (f32, the default, what [`crate::load_model`] returns) or [`Weight`] (f32
 //! or kept in the file's block-quantized type, [`crate::load_model_with`]).
-//! Norms and biases are always f32.
+//! Norms and biases are always f32. A (possibly quantized) matrix converts
+//! to f32 whole ([`Weight::into_f32`]) or a row range at a time into a
+//! caller buffer ([`Weight::to_f32_rows`], bounded memory, same values).
 //!
 //! Linear weights are row-major `[out_features, in_features]` (so `y = x W^T`).
 //! GGUF's Q/K row permutation has already been undone: the rows follow the
