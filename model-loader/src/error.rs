@@ -67,6 +67,16 @@ pub enum LoaderError {
     Tokenizer(String),
     #[error("chat template error: {0}")]
     ChatTemplate(String),
+    #[error("layer {index} out of range: the model has {num_layers} layers")]
+    LayerOutOfRange { index: usize, num_layers: usize },
+    #[error("rows {start}..{end} of a {rows} x {cols} matrix into a buffer of {out_len} values")]
+    RowRange {
+        start: usize,
+        end: usize,
+        rows: usize,
+        cols: usize,
+        out_len: usize,
+    },
 }
 
 impl LoaderError {

@@ -11,28 +11,20 @@
 //! GGUF dims are innermost-first, so a `[out, in]` HF weight has
 //! `dims = [in, out]`; the data is the same row-major bytes.
 //!
-//! Invariant: the returned attn_q/attn_k rows are in HF order (llama.cpp's
-//! permutation undone, for `llama` only: llama.cpp does not permute qwen2).
-//! Dequantization runs on up to `available_parallelism` scoped threads,
-//! O(total elements). Under [`WeightTypes::File`] the large block-quantized
-//! matrices are copied as they are (rows permuted as whole blocks).
+//! The tensors themselves are read by [`crate::reader`] (names, shapes,
+//! types, un-permutation, parallelism): [`weights_from_gguf_as`] is its
+//! whole-model read over a file the caller parsed. Invariant: the returned
+//! attn_q/attn_k rows are in HF order (llama.cpp's permutation undone, for
+//! `llama` only: llama.cpp does not permute qwen2). O(total elements); under
+//! [`WeightTypes::File`] the large block-quantized matrices are copied as
+//! they are (rows permuted as whole blocks).
 
 use crate::config::{Architecture, Gemma3Params, ModelConfig};
 use crate::error::{LoaderError, Result};
-use crate::gguf::{GgufFile, TensorInfo};
-use crate::quant::QuantType;
-use crate::weights::{GemmaNorms, LayerWeights, ModelWeights, QuantTensor, Tensor, Weight};
-
-/// How the large matrices are kept at load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WeightTypes {
-    /// Block-quantized matrices stay in the file's type (F16/BF16 and F32
-    /// become f32); norms and biases are f32.
-    #[default]
-    File,
-    /// Everything dequantized to f32.
-    F32,
-}
+use crate::gguf::GgufFile;
+use crate::reader::Source;
+pub use crate::reader::WeightTypes;
+use crate::weights::{ModelWeights, Weight};
 
 /// Gemma 3's period of global layers (one in six).
 const GEMMA3_GLOBAL_EVERY: usize = 6;
@@ -124,7 +116,12 @@ pub fn unpermute_qk(w: &[f32], n_head: usize, rows: usize, cols: usize) -> Vec<f
 
 /// [`unpermute_qk`] on rows of any element type (`cols` elements per row:
 /// f32 values or the bytes of a quantized row).
-fn unpermute_rows<T: Copy + Default>(w: &[T], n_head: usize, rows: usize, cols: usize) -> Vec<T> {
+pub(crate) fn unpermute_rows<T: Copy + Default>(
+    w: &[T],
+    n_head: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<T> {
     let hd = rows / n_head;
     let half = hd / 2;
     let mut out = vec![T::default(); w.len()];
@@ -140,255 +137,18 @@ fn unpermute_rows<T: Copy + Default>(w: &[T], n_head: usize, rows: usize, cols: 
     out
 }
 
-/// What to do with one tensor once read.
-#[derive(Clone, Copy)]
-enum Post {
-    None,
-    /// Undo the Q/K permutation with this many heads.
-    Unpermute(usize),
-}
-
-struct Job<'a> {
-    info: &'a TensorInfo,
-    shape: Vec<usize>,
-    post: Post,
-    /// May stay quantized (a large matrix, under [`WeightTypes::File`]).
-    keep: bool,
-}
-
 /// Reads every weight, dequantized to f32 and in HF layout.
 pub fn weights_from_gguf(g: &GgufFile, c: &ModelConfig) -> Result<ModelWeights> {
     Ok(weights_from_gguf_as(g, c, WeightTypes::F32)?.map(Weight::into_f32))
 }
 
-/// Reads every weight in HF layout, the large matrices kept as `types` says.
+/// Reads every weight in HF layout, the large matrices kept as `types` says
+/// (through the same reads as [`crate::WeightReader`], over a file the
+/// caller parsed).
 pub fn weights_from_gguf_as(
     g: &GgufFile,
     c: &ModelConfig,
     types: WeightTypes,
 ) -> Result<ModelWeights<Weight>> {
-    let permute = c.architecture == Architecture::Llama;
-    let gemma = matches!(c.architecture, Architecture::Gemma3(_));
-    let (h, q, kv, ff) = (
-        c.hidden_size,
-        c.num_attention_heads * c.head_dim,
-        c.num_key_value_heads * c.head_dim,
-        c.intermediate_size,
-    );
-    let mut names: Vec<(String, Vec<usize>, Post)> = vec![
-        (
-            "token_embd.weight".into(),
-            vec![c.vocab_size, h],
-            Post::None,
-        ),
-        ("output_norm.weight".into(), vec![h], Post::None),
-    ];
-    if !c.tie_word_embeddings {
-        names.push(("output.weight".into(), vec![c.vocab_size, h], Post::None));
-    }
-    let qk_post = |n| {
-        if permute {
-            Post::Unpermute(n)
-        } else {
-            Post::None
-        }
-    };
-    for l in 0..c.num_hidden_layers {
-        let b = |s: &str| format!("blk.{l}.{s}");
-        names.extend([
-            (b("attn_norm.weight"), vec![h], Post::None),
-            (
-                b("attn_q.weight"),
-                vec![q, h],
-                qk_post(c.num_attention_heads),
-            ),
-            (
-                b("attn_k.weight"),
-                vec![kv, h],
-                qk_post(c.num_key_value_heads),
-            ),
-            (b("attn_v.weight"), vec![kv, h], Post::None),
-            (b("attn_output.weight"), vec![h, q], Post::None),
-            (b("ffn_norm.weight"), vec![h], Post::None),
-            (b("ffn_gate.weight"), vec![ff, h], Post::None),
-            (b("ffn_up.weight"), vec![ff, h], Post::None),
-            (b("ffn_down.weight"), vec![h, ff], Post::None),
-        ]);
-        if c.attention_bias {
-            names.extend([
-                (b("attn_q.bias"), vec![q], Post::None),
-                (b("attn_k.bias"), vec![kv], Post::None),
-                (b("attn_v.bias"), vec![kv], Post::None),
-            ]);
-        }
-        if gemma {
-            names.extend([
-                (b("attn_q_norm.weight"), vec![c.head_dim], Post::None),
-                (b("attn_k_norm.weight"), vec![c.head_dim], Post::None),
-                (b("post_attention_norm.weight"), vec![h], Post::None),
-                (b("post_ffw_norm.weight"), vec![h], Post::None),
-            ]);
-        }
-    }
-    let jobs = names
-        .into_iter()
-        .map(|(name, shape, post)| {
-            let info = g
-                .tensor_info(&name)
-                .ok_or_else(|| LoaderError::MissingTensor(name.clone()))?;
-            if info.shape() != shape {
-                return Err(LoaderError::ShapeMismatch {
-                    tensor: name,
-                    expected: shape,
-                    found: info.shape(),
-                });
-            }
-            let keep = types == WeightTypes::File && shape.len() == 2;
-            Ok(Job {
-                info,
-                shape,
-                post,
-                keep,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut tensors = read_parallel(g, &jobs)?.into_iter();
-    let mut next = || {
-        tensors
-            .next()
-            .ok_or_else(|| LoaderError::Malformed("tensor count".into()))
-    };
-    let f32 = |w: Weight| w.into_f32();
-    let token_embedding = next()?;
-    let final_norm = f32(next()?);
-    let lm_head = if c.tie_word_embeddings {
-        None
-    } else {
-        Some(next()?)
-    };
-    let mut layers = Vec::with_capacity(c.num_hidden_layers);
-    for _ in 0..c.num_hidden_layers {
-        let (attn_norm, wq, wk, wv, wo) = (f32(next()?), next()?, next()?, next()?, next()?);
-        let (ffn_norm, w_gate, w_up, w_down) = (f32(next()?), next()?, next()?, next()?);
-        let (bq, bk, bv) = if c.attention_bias {
-            (Some(f32(next()?)), Some(f32(next()?)), Some(f32(next()?)))
-        } else {
-            (None, None, None)
-        };
-        let gemma = if gemma {
-            Some(GemmaNorms {
-                q_norm: f32(next()?),
-                k_norm: f32(next()?),
-                post_attn_norm: f32(next()?),
-                post_ffn_norm: f32(next()?),
-            })
-        } else {
-            None
-        };
-        layers.push(LayerWeights {
-            attn_norm,
-            wq,
-            wk,
-            wv,
-            wo,
-            bq,
-            bk,
-            bv,
-            ffn_norm,
-            w_gate,
-            w_up,
-            w_down,
-            gemma,
-        });
-    }
-    Ok(ModelWeights {
-        token_embedding,
-        layers,
-        final_norm,
-        lm_head,
-    })
-}
-
-/// Applies `job.post` to rows of `cols` items.
-fn post<T: Copy + Default>(job: &Job<'_>, data: Vec<T>, cols: usize) -> Result<Vec<T>> {
-    match job.post {
-        Post::None => Ok(data),
-        Post::Unpermute(n_head) => {
-            let rows = job.shape[0];
-            if n_head == 0 || !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
-                return Err(LoaderError::ShapeMismatch {
-                    tensor: job.info.name.clone(),
-                    expected: vec![n_head, rows / n_head.max(1), job.shape[1]],
-                    found: job.shape.clone(),
-                });
-            }
-            Ok(unpermute_rows(&data, n_head, rows, cols))
-        }
-    }
-}
-
-fn run_job(g: &GgufFile, job: &Job<'_>) -> Result<Weight> {
-    let name = &job.info.name;
-    match QuantType::from_ggml(job.info.ty).filter(|_| job.keep) {
-        Some(ty) => {
-            let bytes = g.tensor_bytes(job.info)?.to_vec();
-            let row_bytes = ty
-                .bytes_for(job.shape[1])
-                .map_err(|e| LoaderError::Malformed(format!("tensor {name}: {e}")))?;
-            let bytes = post(job, bytes, row_bytes)?;
-            Ok(Weight::Quantized(QuantTensor::new(
-                ty,
-                job.shape.clone(),
-                bytes,
-                name,
-            )?))
-        }
-        None => {
-            let cols = job.shape.last().copied().unwrap_or(1);
-            let data = post(job, g.read_f32(job.info)?, cols)?;
-            Ok(Weight::F32(Tensor::new(job.shape.clone(), data)))
-        }
-    }
-}
-
-/// Runs the jobs on scoped threads, balancing by element count; results in job order.
-fn read_parallel(g: &GgufFile, jobs: &[Job<'_>]) -> Result<Vec<Weight>> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(8);
-    // Greedy assignment of jobs (largest first) to the least-loaded thread.
-    let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(jobs[i].info.n_elements()));
-    let mut buckets: Vec<(usize, Vec<usize>)> = vec![(0, Vec::new()); threads];
-    for i in order {
-        if let Some(b) = buckets.iter_mut().min_by_key(|b| b.0) {
-            b.0 += jobs[i].info.n_elements();
-            b.1.push(i);
-        }
-    }
-    let mut results: Vec<Option<Result<Weight>>> = (0..jobs.len()).map(|_| None).collect();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = buckets
-            .iter()
-            .map(|(_, idx)| {
-                s.spawn(move || {
-                    idx.iter()
-                        .map(|&i| (i, run_job(g, &jobs[i])))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for h in handles {
-            match h.join() {
-                Ok(done) => done.into_iter().for_each(|(i, r)| results[i] = Some(r)),
-                Err(_) => results.push(Some(Err(LoaderError::Malformed(
-                    "dequant thread panicked".into(),
-                )))),
-            }
-        }
-    });
-    results
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(LoaderError::Malformed("tensor not read".into()))))
-        .collect()
+    Source::gguf(g, c).weights(types)
 }

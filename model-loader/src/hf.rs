@@ -5,7 +5,8 @@
 //! Supported `architectures`: `LlamaForCausalLM`, `MistralForCausalLM`,
 //! `Qwen2ForCausalLM` (q/k/v biases). `rope_scaling` of type `llama3` is
 //! parsed; any other type is refused. Weights keep HF's row order (no
-//! permutation). O(total elements) to read the weights.
+//! permutation). O(total elements) to read the weights, which
+//! [`crate::reader`] does (tensor names there).
 
 use std::path::Path;
 
@@ -14,9 +15,10 @@ use serde_json::Value;
 use crate::chat::ChatTemplate;
 use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::error::{LoaderError, Result};
+use crate::reader::{Source, WeightTypes};
 use crate::safetensors_io::SafetensorsSet;
 use crate::tokenizer::{SpecialTokens, Tokenizer};
-use crate::weights::{LayerWeights, ModelWeights, Tensor};
+use crate::weights::{ModelWeights, Weight};
 
 /// Reads and parses a JSON file.
 pub fn read_json(path: &Path) -> Result<Value> {
@@ -222,51 +224,11 @@ pub fn tokenizer_and_template(dir: &Path) -> Result<(Tokenizer, Option<ChatTempl
     Ok((tokenizer, template))
 }
 
-/// Reads the weights of an HF directory as f32.
+/// Reads the weights of an HF directory as f32 (through the same reads as
+/// [`crate::WeightReader`], with this config).
 pub fn read_weights(dir: &Path, c: &ModelConfig) -> Result<ModelWeights> {
     let set = SafetensorsSet::open(dir)?;
-    let (h, q, kv, ff) = (
-        c.hidden_size,
-        c.num_attention_heads * c.head_dim,
-        c.num_key_value_heads * c.head_dim,
-        c.intermediate_size,
-    );
-    let get = |name: &str, shape: Vec<usize>| set.read_f32(name, &shape);
-    let mut layers = Vec::with_capacity(c.num_hidden_layers);
-    for l in 0..c.num_hidden_layers {
-        let p = |s: &str| format!("model.layers.{l}.{s}");
-        let bias = |s: &str, n: usize| -> Result<Option<Tensor>> {
-            if c.attention_bias {
-                get(&p(s), vec![n]).map(Some)
-            } else {
-                Ok(None)
-            }
-        };
-        layers.push(LayerWeights {
-            attn_norm: get(&p("input_layernorm.weight"), vec![h])?,
-            wq: get(&p("self_attn.q_proj.weight"), vec![q, h])?,
-            wk: get(&p("self_attn.k_proj.weight"), vec![kv, h])?,
-            wv: get(&p("self_attn.v_proj.weight"), vec![kv, h])?,
-            wo: get(&p("self_attn.o_proj.weight"), vec![h, q])?,
-            bq: bias("self_attn.q_proj.bias", q)?,
-            bk: bias("self_attn.k_proj.bias", kv)?,
-            bv: bias("self_attn.v_proj.bias", kv)?,
-            ffn_norm: get(&p("post_attention_layernorm.weight"), vec![h])?,
-            w_gate: get(&p("mlp.gate_proj.weight"), vec![ff, h])?,
-            w_up: get(&p("mlp.up_proj.weight"), vec![ff, h])?,
-            w_down: get(&p("mlp.down_proj.weight"), vec![h, ff])?,
-            gemma: None,
-        });
-    }
-    let lm_head = if c.tie_word_embeddings {
-        None
-    } else {
-        Some(get("lm_head.weight", vec![c.vocab_size, h])?)
-    };
-    Ok(ModelWeights {
-        token_embedding: get("model.embed_tokens.weight", vec![c.vocab_size, h])?,
-        layers,
-        final_norm: get("model.norm.weight", vec![h])?,
-        lm_head,
-    })
+    Ok(Source::hf(&set, c)
+        .weights(WeightTypes::F32)?
+        .map(Weight::into_f32))
 }

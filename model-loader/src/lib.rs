@@ -6,7 +6,10 @@
 //! validates, dequantizes and reorders; numbers leave it as plain `f32` rows,
 //! or, under [`WeightTypes::File`], as the file's quantized blocks.
 //!
-//! Entry point: [`load_model`] takes a `.gguf` file or an HF model directory.
+//! Entry points: [`load_model`] takes a `.gguf` file or an HF model
+//! directory; [`WeightReader`] reads the same weights a layer at a time
+//! (what [`load_model_with`] reads through, all at once);
+//! [`load_config_and_tokenizer`] reads no tensor.
 
 pub mod chat;
 pub mod config;
@@ -17,6 +20,7 @@ pub mod gguf_model;
 pub mod hf;
 pub mod paths;
 pub mod quant;
+pub mod reader;
 pub mod safetensors_io;
 pub mod tiny;
 pub mod tokenizer;
@@ -27,8 +31,8 @@ use std::path::Path;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Architecture, Gemma3Params, ModelConfig, RopeScaling};
 pub use error::LoaderError;
-pub use gguf_model::WeightTypes;
 pub use quant::QuantType;
+pub use reader::{WeightReader, WeightTypes};
 pub use tokenizer::Tokenizer;
 pub use weights::{GemmaNorms, LayerWeights, ModelWeights, QuantTensor, Tensor, Weight};
 
@@ -103,46 +107,43 @@ pub fn load_model(path: &Path) -> Result<LoadedModel, LoaderError> {
 
 /// Like [`load_model`], the large matrices kept as `types` says (a GGUF's
 /// block-quantized matrices stay quantized under [`WeightTypes::File`]; HF
-/// directories are always f32).
+/// directories are always f32): [`WeightReader::weights`], with the
+/// tokenizer built meanwhile on another thread.
 pub fn load_model_with(
     path: &Path,
     types: WeightTypes,
 ) -> Result<LoadedModel<Weight>, LoaderError> {
-    match format_of(path)? {
-        ModelFormat::Gguf => {
-            let g = gguf::GgufFile::open(path)?;
-            let config = gguf_model::config_from_gguf(&g)?;
-            // The tokenizer is built while the weights are dequantized.
-            let (tokenizer, weights) = std::thread::scope(|s| {
-                let tok = s.spawn(|| tokenizer::gguf::tokenizer_from_gguf(&g));
-                let weights = gguf_model::weights_from_gguf_as(&g, &config, types);
-                let tok = tok.join().unwrap_or_else(|_| {
-                    Err(LoaderError::Tokenizer("tokenizer thread panicked".into()))
-                });
-                (tok, weights)
-            });
-            let (tokenizer, weights) = (tokenizer?, weights?);
-            let chat_template = gguf_template(&g, &tokenizer)?;
-            Ok(LoadedModel {
-                config,
-                weights,
-                tokenizer,
-                chat_template,
-                format: ModelFormat::Gguf,
-            })
+    let reader = WeightReader::open(path)?;
+    let (tokenizer, weights) = std::thread::scope(|s| {
+        let tok = s.spawn(|| tokenizer_and_template(&reader));
+        let weights = reader.weights(types);
+        let tok = tok
+            .join()
+            .unwrap_or_else(|_| Err(LoaderError::Tokenizer("tokenizer thread panicked".into())));
+        (tok, weights)
+    });
+    let ((tokenizer, chat_template), weights) = (tokenizer?, weights?);
+    let format = reader.format();
+    Ok(LoadedModel {
+        config: reader.config().clone(),
+        weights,
+        tokenizer,
+        chat_template,
+        format,
+    })
+}
+
+/// The tokenizer and chat template of the model a reader opened.
+fn tokenizer_and_template(
+    reader: &WeightReader,
+) -> Result<(Tokenizer, Option<ChatTemplate>), LoaderError> {
+    match reader.gguf() {
+        Some(g) => {
+            let tokenizer = tokenizer::gguf::tokenizer_from_gguf(g)?;
+            let template = gguf_template(g, &tokenizer)?;
+            Ok((tokenizer, template))
         }
-        ModelFormat::HfDir => {
-            let config = hf::read_config(path)?;
-            let (tokenizer, chat_template) = hf::tokenizer_and_template(path)?;
-            let weights = hf::read_weights(path, &config)?.map(Weight::F32);
-            Ok(LoadedModel {
-                config,
-                weights,
-                tokenizer,
-                chat_template,
-                format: ModelFormat::HfDir,
-            })
-        }
+        None => hf::tokenizer_and_template(reader.path()),
     }
 }
 

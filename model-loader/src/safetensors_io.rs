@@ -7,7 +7,9 @@
 //!
 //! Invariants: a tensor's byte range is checked against the file and against
 //! `shape x dtype size` before any read; only F32, F16 and BF16 convert to
-//! f32 (others are refused by name). Reading is O(elements).
+//! f32 (others are refused by name). Locating and checking a tensor
+//! ([`SafetensorsSet::tensor`]) is O(1) and touches none of its bytes;
+//! converting it is O(elements) and touches only its own bytes.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -109,10 +111,19 @@ fn parse_header(path: &Path, data: &[u8]) -> Result<HashMap<String, Entry>> {
             })
             .filter(|o| o.len() == 2 && o[0] <= o[1])
             .ok_or_else(|| bad("bad data_offsets"))?;
-        let (begin, end) = (header_end + offs[0], header_end + offs[1]);
-        if end > data.len() {
-            return Err(truncated(&format!("tensor {name}"), begin, end - begin));
-        }
+        let (begin, end) = match (
+            header_end.checked_add(offs[0]),
+            header_end.checked_add(offs[1]),
+        ) {
+            (Some(b), Some(e)) if e <= data.len() => (b, e),
+            _ => {
+                return Err(truncated(
+                    &format!("tensor {name}"),
+                    header_end.saturating_add(offs[0]),
+                    offs[1] - offs[0],
+                ))
+            }
+        };
         entries.insert(
             name,
             Entry {
@@ -178,14 +189,19 @@ impl SafetensorsSet {
         self.index.contains_key(name)
     }
 
-    /// Reads tensor `name` as f32, checking its shape.
-    pub fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Tensor> {
+    /// Locates tensor `name` and checks it without reading its data: present,
+    /// of shape `expected`, of a dtype read here (F32, F16, BF16), and with
+    /// exactly `shape x dtype size` bytes. O(1).
+    pub fn tensor(&self, name: &str, expected: &[usize]) -> Result<StTensor<'_>> {
         let f = self
             .index
             .get(name)
             .map(|&i| &self.files[i])
             .ok_or_else(|| LoaderError::MissingTensor(name.to_string()))?;
-        let e = &f.entries[name];
+        let e = f
+            .entries
+            .get(name)
+            .ok_or_else(|| LoaderError::MissingTensor(name.to_string()))?;
         if e.shape != expected {
             return Err(LoaderError::ShapeMismatch {
                 tensor: name.to_string(),
@@ -193,11 +209,10 @@ impl SafetensorsSet {
                 found: e.shape.clone(),
             });
         }
-        let n: usize = e.shape.iter().product();
-        let bytes = &f.map[e.begin..e.end];
-        let width = match e.dtype.as_str() {
-            "F32" => 4,
-            "F16" | "BF16" => 2,
+        let dtype = match e.dtype.as_str() {
+            "F32" => Dtype::F32,
+            "F16" => Dtype::F16,
+            "BF16" => Dtype::Bf16,
             other => {
                 return Err(LoaderError::UnsupportedDtype {
                     dtype: other.to_string(),
@@ -205,23 +220,62 @@ impl SafetensorsSet {
                 })
             }
         };
-        if bytes.len() != n * width {
+        let bytes = &f.map[e.begin..e.end];
+        let n = e.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let width = if dtype == Dtype::F32 { 4 } else { 2 };
+        if n.and_then(|n| n.checked_mul(width)) != Some(bytes.len()) {
             return Err(st_err(
                 &f.path,
                 format!(
-                    "tensor {name}: {} bytes for {n} {} values",
+                    "tensor {name}: {} bytes for shape {:?} of {}",
                     bytes.len(),
+                    e.shape,
                     e.dtype
                 ),
             ));
         }
-        let mut data = vec![0f32; n];
-        match e.dtype.as_str() {
-            "F32" => crate::dequant::dequant_f32(bytes, &mut data),
-            "F16" => crate::dequant::dequant_f16(bytes, &mut data),
-            _ => crate::dequant::dequant_bf16(bytes, &mut data),
+        Ok(StTensor {
+            dtype,
+            shape: &e.shape,
+            bytes,
+        })
+    }
+
+    /// Reads tensor `name` as f32, checking it as [`Self::tensor`] does.
+    pub fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Tensor> {
+        Ok(self.tensor(name, expected)?.to_f32())
+    }
+}
+
+/// The element types read from safetensors files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+/// A checked tensor of a [`SafetensorsSet`]: its bytes are a view of the
+/// memory-mapped file, only touched when converted.
+#[derive(Debug, Clone, Copy)]
+pub struct StTensor<'a> {
+    pub dtype: Dtype,
+    pub shape: &'a [usize],
+    /// `shape x dtype size` bytes (checked).
+    pub bytes: &'a [u8],
+}
+
+impl StTensor<'_> {
+    /// Converted to f32, O(elements).
+    pub fn to_f32(&self) -> Tensor {
+        let width = if self.dtype == Dtype::F32 { 4 } else { 2 };
+        let mut data = vec![0f32; self.bytes.len() / width];
+        match self.dtype {
+            Dtype::F32 => crate::dequant::dequant_f32(self.bytes, &mut data),
+            Dtype::F16 => crate::dequant::dequant_f16(self.bytes, &mut data),
+            Dtype::Bf16 => crate::dequant::dequant_bf16(self.bytes, &mut data),
         }
-        Ok(Tensor::new(e.shape.clone(), data))
+        Tensor::new(self.shape.to_vec(), data)
     }
 }
 

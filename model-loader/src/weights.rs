@@ -4,14 +4,51 @@
 //! projections of each layer, the embedding and the LM head): [`Tensor`]
 //! (f32, the default, what [`crate::load_model`] returns) or [`Weight`] (f32
 //! or kept in the file's block-quantized type, [`crate::load_model_with`]).
-//! Norms and biases are always f32.
+//! Norms and biases are always f32. A (possibly quantized) matrix converts
+//! to f32 whole ([`Weight::into_f32`]) or a row range at a time into a
+//! caller buffer ([`Weight::to_f32_rows`], bounded memory, same values).
 //!
 //! Linear weights are row-major `[out_features, in_features]` (so `y = x W^T`).
 //! GGUF's Q/K row permutation has already been undone: the rows follow the
 //! HF order, so the rotary embedding is the rotate-half form everywhere.
 
+use std::ops::Range;
+
 use crate::error::{LoaderError, Result};
 use crate::quant::{self, QuantType};
+
+/// `(rows, cols)` of a row-major shape: the last dimension is a row, the
+/// others multiply (`None` on overflow).
+fn rows_cols(shape: &[usize]) -> Option<(usize, usize)> {
+    let (&cols, outer) = shape.split_last()?;
+    let rows = outer.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+    Some((rows, cols))
+}
+
+/// Checks a row range and its output buffer against a `[rows, cols]` matrix;
+/// returns the element range of those rows.
+fn check_rows(range: &Range<usize>, shape: &[usize], out_len: usize) -> Result<Range<usize>> {
+    let (rows, cols) = rows_cols(shape).unwrap_or((0, 0));
+    let err = || LoaderError::RowRange {
+        start: range.start,
+        end: range.end,
+        rows,
+        cols,
+        out_len,
+    };
+    if range.start > range.end || range.end > rows {
+        return Err(err());
+    }
+    let (start, end) = (range.start * cols, range.end * cols);
+    if end - start != out_len {
+        return Err(err());
+    }
+    Ok(start..end)
+}
+
+fn inconsistent(what: &str, shape: &[usize]) -> LoaderError {
+    LoaderError::Malformed(format!("{what} of shape {shape:?} does not hold its rows"))
+}
 
 /// A dense, row-major f32 tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,6 +118,27 @@ impl QuantTensor {
         self.cols() / self.ty.block_len() * self.ty.block_bytes()
     }
 
+    /// Dequantizes rows `rows` (in HF order) into `out`, which must hold
+    /// exactly `rows.len() * cols` values; anything else is a
+    /// [`LoaderError::RowRange`]. O(rows.len() * cols), no allocation, and
+    /// only those rows' bytes are read: a large matrix (an embedding) can be
+    /// converted in bounded chunks instead of through a full f32 copy.
+    /// Equal, row for row, to [`Self::to_f32`].
+    pub fn to_f32_rows(&self, rows: Range<usize>, out: &mut [f32]) -> Result<()> {
+        let elems = check_rows(&rows, &self.shape, out.len())?;
+        let bl = self.ty.block_len();
+        if !elems.start.is_multiple_of(bl) || !elems.end.is_multiple_of(bl) {
+            return Err(inconsistent(self.ty.name(), &self.shape));
+        }
+        let bb = self.ty.block_bytes();
+        let bytes = self
+            .bytes
+            .get(elems.start / bl * bb..elems.end / bl * bb)
+            .ok_or_else(|| inconsistent(self.ty.name(), &self.shape))?;
+        quant::dequantize_row(self.ty, bytes, out);
+        Ok(())
+    }
+
     /// Dequantized copy, O(elements).
     pub fn to_f32(&self) -> Tensor {
         let mut data = vec![0f32; self.rows() * self.cols()];
@@ -102,6 +160,35 @@ impl Weight {
         match self {
             Self::F32(t) => &t.shape,
             Self::Quantized(q) => &q.shape,
+        }
+    }
+
+    /// Rows: every dimension but the last (the output features of a matrix).
+    pub fn rows(&self) -> usize {
+        rows_cols(self.shape()).map_or(0, |(r, _)| r)
+    }
+
+    /// Columns: the last dimension (the input features of a matrix).
+    pub fn cols(&self) -> usize {
+        rows_cols(self.shape()).map_or(0, |(_, c)| c)
+    }
+
+    /// Converts rows `rows` to f32 into `out` (exactly `rows.len() * cols`
+    /// values, else a [`LoaderError::RowRange`]): dequantized as
+    /// [`QuantTensor::to_f32_rows`], or copied. Equal, row for row, to
+    /// [`Self::into_f32`], in bounded memory.
+    pub fn to_f32_rows(&self, rows: Range<usize>, out: &mut [f32]) -> Result<()> {
+        match self {
+            Self::F32(t) => {
+                let elems = check_rows(&rows, &t.shape, out.len())?;
+                let src = t
+                    .data
+                    .get(elems)
+                    .ok_or_else(|| inconsistent("F32", &t.shape))?;
+                out.copy_from_slice(src);
+                Ok(())
+            }
+            Self::Quantized(q) => q.to_f32_rows(rows, out),
         }
     }
 
@@ -129,7 +216,7 @@ impl From<Tensor> for Weight {
 }
 
 /// Weights of one decoder layer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LayerWeights<W = Tensor> {
     /// `[hidden]`, RMSNorm before attention.
     pub attn_norm: Tensor,
@@ -159,7 +246,7 @@ pub struct LayerWeights<W = Tensor> {
 
 /// Gemma 3's per-layer norms beyond the Llama layout. Their weights are used
 /// as stored (`x * w`): llama.cpp's converter already folded Gemma's `1 + w`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GemmaNorms {
     /// `[head_dim]`, RMSNorm of each query head before rotary.
     pub q_norm: Tensor,
@@ -172,7 +259,7 @@ pub struct GemmaNorms {
 }
 
 /// All weights of a Llama-family model.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModelWeights<W = Tensor> {
     /// `[vocab, hidden]`.
     pub token_embedding: W,

@@ -87,7 +87,11 @@ fn config_json(arch: &str) -> serde_json::Value {
 
 /// An HF dir for the small model; `dtype_of` picks each tensor's dtype,
 /// `shards` splits the tensors over that many files.
-fn hf_dir(arch: &str, dtype_of: impl Fn(&str) -> &'static str, shards: usize) -> tempfile::TempDir {
+pub(crate) fn hf_dir(
+    arch: &str,
+    dtype_of: impl Fn(&str) -> &'static str,
+    shards: usize,
+) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let gg_arch = if arch == "Qwen2ForCausalLM" {

@@ -4,6 +4,7 @@ mod chat;
 mod common;
 mod gguf;
 mod hf;
+mod reader;
 mod smollm2;
 mod spm;
 mod tiny;
