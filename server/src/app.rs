@@ -12,7 +12,7 @@ use engine::executor::gpu::DType;
 use engine::executor::{DeviceKind, ExecutorRequest};
 use engine::model::KvDtype;
 use engine::scheduler::{PreemptionMode, SchedulerConfig};
-use model_loader::{ChatMessage, LoadedModel};
+use model_loader::{ChatMessage, ModelInfo, WeightReader};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,13 +89,23 @@ pub fn engine_options(
     }
 }
 
-/// `--dtype auto` keeps a GGUF's quantized weights (the GPU executor
-/// dequantizes them at upload); the other values load float32.
+/// `--dtype auto` keeps a GGUF's quantized weights on the CPU; the other
+/// values load float32 there. (The GPU executor converts a GGUF's
+/// quantized blocks to its dtype as it uploads them, whatever this says.)
 fn weight_types(dtype: DtypeArg) -> model_loader::WeightTypes {
     match dtype {
         DtypeArg::Auto => model_loader::WeightTypes::File,
         _ => model_loader::WeightTypes::F32,
     }
+}
+
+/// Opens a model for reading (its tensors checked, none read yet) and
+/// loads its tokenizer and chat template.
+fn open_model(path: &std::path::Path) -> anyhow::Result<(WeightReader, ModelInfo)> {
+    let reader = WeightReader::open(path).with_context(|| format!("loading {}", path.display()))?;
+    let info = model_loader::load_config_and_tokenizer(path)
+        .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
+    Ok((reader, info))
 }
 
 /// Sizes the forward pass's pool and rayon's (sampling, grammar masks).
@@ -118,14 +128,15 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
     set_threads(args.engine.threads);
     let path = model_path(&args.engine)?;
     tracing::info!(model = %path.display(), "loading model");
-    let LoadedModel {
-        config,
-        weights,
-        tokenizer,
-        chat_template,
-        ..
-    } = model_loader::load_model_with(&path, weight_types(args.engine.dtype))
-        .with_context(|| format!("loading {}", path.display()))?;
+    let (
+        reader,
+        ModelInfo {
+            config,
+            tokenizer,
+            chat_template,
+            ..
+        },
+    ) = open_model(&path)?;
     let opts = engine_options(
         &args.engine,
         config.max_position_embeddings,
@@ -136,8 +147,9 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         },
     );
     let eos = tokenizer.eos_token_ids().to_vec();
-    let backend = EngineBackend::start(config, weights, eos, &opts)
-        .map_err(|e| anyhow::anyhow!("cannot start the engine: {e}"))?;
+    let backend = EngineBackend::start(&reader, weight_types(args.engine.dtype), eos, &opts)
+        .context("cannot start the engine")?;
+    drop(reader);
     let limits = crate::backend::Backend::limits(&backend);
     tracing::info!(
         blocks = limits.num_gpu_blocks,
@@ -230,13 +242,15 @@ pub fn run_generate(engine: &EngineArgs, args: GenerateArgs) -> anyhow::Result<(
     set_threads(engine.threads);
     let path = model_path(engine)?;
     tracing::info!(model = %path.display(), "loading model");
-    let LoadedModel {
-        config,
-        weights,
-        tokenizer,
-        chat_template,
-        ..
-    } = model_loader::load_model_with(&path, weight_types(engine.dtype))?;
+    let (
+        reader,
+        ModelInfo {
+            config,
+            tokenizer,
+            chat_template,
+            ..
+        },
+    ) = open_model(&path)?;
     let text = if args.chat {
         let t = chat_template.context("this model has no chat template")?;
         t.render(&[ChatMessage::new("user", args.prompt.clone())], true)?
@@ -250,8 +264,9 @@ pub fn run_generate(engine: &EngineArgs, args: GenerateArgs) -> anyhow::Result<(
     };
     let opts = engine_options(engine, config.max_position_embeddings, handle);
     let eos = tokenizer.eos_token_ids().to_vec();
-    let backend = EngineBackend::start(config, weights, eos, &opts)
-        .map_err(|e| anyhow::anyhow!("cannot start the engine: {e}"))?;
+    let backend = EngineBackend::start(&reader, weight_types(engine.dtype), eos, &opts)
+        .context("cannot start the engine")?;
+    drop(reader);
     let out = generate_text(&backend, &tokenizer, prompt, args.max_tokens)?;
     println!("{out}");
     crate::backend::Backend::shutdown(&backend);

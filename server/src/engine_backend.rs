@@ -17,9 +17,8 @@ use crate::backend::{
 };
 use anyhow::Context;
 use engine::engine_loop::{EngineStats, HandleConfig, ShutdownMode};
-use engine::executor::{build_executor, ExecutorRequest};
+use engine::executor::{build_executor, ExecutorRequest, WeightInput};
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
-use engine::model::InMemory;
 use engine::scheduler::{self, SchedulerConfig};
 use engine::{EngineConfig, EngineError, EngineHandle, LlmEngine, RequestOutput, RequestStream};
 use futures_util::StreamExt;
@@ -43,16 +42,18 @@ pub struct EngineBackend {
 }
 
 impl EngineBackend {
-    /// Builds the CPU engine from a loaded model and starts its thread.
+    /// Builds the engine from the model file `reader` reads (the executor
+    /// takes the weights a layer at a time into its own formats; the CPU's
+    /// matrices in `cpu_types`) and starts its thread.
     pub fn start(
-        config: model_loader::ModelConfig,
-        weights: model_loader::ModelWeights<model_loader::Weight>,
+        reader: &model_loader::WeightReader,
+        cpu_types: model_loader::WeightTypes,
         eos_token_ids: Vec<u32>,
         opts: &EngineOptions,
     ) -> anyhow::Result<Self> {
-        let mut source = InMemory::from(weights);
-        let built =
-            build_executor(config, &mut source, &opts.executor).context("building the executor")?;
+        let input = WeightInput::File { reader, cpu_types };
+        let built = build_executor(reader.config().clone(), input, &opts.executor)
+            .context("building the executor")?;
         let executor = built.executor;
         let (gpu_blocks, cpu_blocks) = executor.num_blocks();
         tracing::info!(executor = %built.description, gpu_blocks, cpu_blocks, "executor ready");

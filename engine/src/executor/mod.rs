@@ -16,7 +16,7 @@ pub(crate) mod test_run;
 
 pub use cpu::generate::{argmax, generate_greedy, ContiguousLayout};
 pub use cpu::CpuExecutor;
-pub use select::{build_executor, BuiltExecutor, DeviceKind, ExecutorRequest};
+pub use select::{build_executor, BuiltExecutor, DeviceKind, ExecutorRequest, WeightInput};
 
 use crate::sampler::device::{DeviceDraws, DeviceOut};
 

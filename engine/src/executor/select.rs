@@ -9,8 +9,8 @@
 
 use super::gpu::DType;
 use super::{BuildError, CpuExecutor, ExecError, Executor};
-use crate::model::{CpuModel, CpuSink, KvDtype, WeightSource};
-use model_loader::ModelConfig;
+use crate::model::{CpuModel, CpuSink, FileSource, InMemory, KvDtype, WeightSource};
+use model_loader::{ModelConfig, WeightReader, WeightTypes};
 
 /// Which executor runs the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -55,20 +55,58 @@ pub struct BuiltExecutor {
     pub description: String,
 }
 
+/// Where the model's weights come from.
+pub enum WeightInput<'a> {
+    /// A model file being read: the CPU takes its matrices in `cpu_types`
+    /// (`File`: a GGUF's quantized blocks kept), the GPU takes a GGUF's
+    /// quantized blocks and converts them a row range at a time.
+    File {
+        reader: &'a WeightReader,
+        cpu_types: WeightTypes,
+    },
+    /// Weights already in memory (tests, benchmarks).
+    Memory(InMemory),
+}
+
+impl WeightInput<'_> {
+    /// The source for an executor that takes a file's matrices in `types`.
+    fn source(&mut self, types: WeightTypes) -> Box<dyn WeightSource + '_> {
+        match self {
+            WeightInput::File { reader, .. } => Box::new(FileSource { reader, types }),
+            WeightInput::Memory(m) => Box::new(m),
+        }
+    }
+
+    /// The types the CPU executor takes a file's matrices in.
+    fn cpu_types(&self) -> WeightTypes {
+        match self {
+            WeightInput::File { cpu_types, .. } => *cpu_types,
+            WeightInput::Memory(_) => WeightTypes::File,
+        }
+    }
+}
+
 /// Builds the executor `req` asks for (see the module docs), reading
-/// `config`'s model from `source` into the executor's own formats (a layer
+/// `config`'s model from `input` into the executor's own formats (a layer
 /// at a time: the GPU executor keeps no host copy).
 pub fn build_executor(
     config: ModelConfig,
-    source: &mut dyn WeightSource,
+    mut input: WeightInput<'_>,
     req: &ExecutorRequest,
 ) -> Result<BuiltExecutor, BuildError> {
+    let cpu_types = input.cpu_types();
     match req.device {
-        DeviceKind::Cpu => cpu(config, source, req, "cpu (--device cpu)".into()),
-        DeviceKind::Cuda => cuda(config, source, req),
+        DeviceKind::Cpu => {
+            let description = "cpu (--device cpu)".into();
+            cpu(config, &mut *input.source(cpu_types), req, description)
+        }
+        DeviceKind::Cuda => cuda(config, &mut *input.source(WeightTypes::File), req),
         DeviceKind::Auto => match cuda_unavailable_reason() {
-            None => cuda(config, source, req),
-            Some(why) => cpu(config, source, req, format!("cpu (--device auto: {why})")),
+            None => cuda(config, &mut *input.source(WeightTypes::File), req),
+            Some(why) => {
+                let description = format!("cpu (--device auto: {why})");
+                cpu(config, &mut *input.source(cpu_types), req, description)
+            }
         },
     }
 }
@@ -213,8 +251,8 @@ mod tests {
     /// Builds from the tiny model's weights in memory.
     fn build(r: &ExecutorRequest) -> Result<BuiltExecutor, BuildError> {
         let c = tiny_config(false, None);
-        let mut source = crate::model::InMemory::from(random_weights(&c, 2));
-        build_executor(c, &mut source, r)
+        let source = InMemory::from(random_weights(&c, 2));
+        build_executor(c, WeightInput::Memory(source), r)
     }
 
     #[test]

@@ -42,7 +42,7 @@ mod tests_model;
 #[cfg(test)]
 mod tests_ops;
 
-pub use arch::{Dims, InMemory, Model, WeightSource};
+pub use arch::{Dims, FileSource, InMemory, Model, WeightSource};
 pub use cpu_backend::{Cpu, CpuModel, CpuSink};
 pub use kv_cache::{Kv, KvCache, KvDtype, KvElem, KvGeometry, LayerKv};
 

@@ -17,6 +17,7 @@ use super::GpuError;
 use crate::executor::BuildError;
 use crate::model::backend::{Format, WeightSink};
 use crate::model::ops::RopeTables;
+use crate::model::ModelError;
 use model_loader::Weight;
 
 /// Most f32 bytes converted at once while uploading a matrix.
@@ -82,7 +83,7 @@ impl<'d> GpuSink<'d> {
     }
 
     /// Uploads one matrix part's rows at `dst`, `CHUNK_BYTES` of f32 at a time.
-    fn put_rows(&mut self, dst: DevPtr, part: &Weight, cols: usize) -> Result<usize, GpuError> {
+    fn put_rows(&mut self, dst: DevPtr, part: &Weight, cols: usize) -> Result<usize, BuildError> {
         let rows = part.shape().first().copied().unwrap_or(0);
         let per = (CHUNK_BYTES / (4 * cols.max(1))).max(1);
         let mut f32s = Vec::new();
@@ -90,7 +91,8 @@ impl<'d> GpuSink<'d> {
         while r < rows {
             let end = (r + per).min(rows);
             f32s.resize((end - r) * cols, 0.0);
-            rows_f32(part, r..end, cols, &mut f32s)?;
+            part.to_f32_rows(r..end, &mut f32s)
+                .map_err(ModelError::from)?;
             let data = self.dtype.encode(&f32s);
             self.dev
                 .upload(dst.offset(r * cols * self.dtype.size()), &data)?;
@@ -98,24 +100,6 @@ impl<'d> GpuSink<'d> {
         }
         Ok(rows)
     }
-}
-
-/// Rows `range` of a matrix part as f32 (dequantized when quantized).
-fn rows_f32(
-    w: &Weight,
-    range: std::ops::Range<usize>,
-    cols: usize,
-    out: &mut [f32],
-) -> Result<(), GpuError> {
-    match w {
-        Weight::F32(t) => out.copy_from_slice(&t.data[range.start * cols..range.end * cols]),
-        Weight::Quantized(q) => {
-            let rb = q.row_bytes();
-            let bytes = &q.bytes[range.start * rb..range.end * rb];
-            model_loader::quant::dequantize_row(q.ty, bytes, out);
-        }
-    }
-    Ok(())
 }
 
 impl WeightSink for GpuSink<'_> {

@@ -119,6 +119,28 @@ pub trait WeightSource {
     fn final_norm(&mut self) -> Result<Tensor, ModelError>;
 }
 
+impl<S: WeightSource + ?Sized> WeightSource for &mut S {
+    fn num_layers(&self) -> usize {
+        (**self).num_layers()
+    }
+
+    fn layer(&mut self, i: usize) -> Result<LayerWeights<Weight>, ModelError> {
+        (**self).layer(i)
+    }
+
+    fn token_embedding(&mut self) -> Result<Weight, ModelError> {
+        (**self).token_embedding()
+    }
+
+    fn lm_head(&mut self) -> Result<Option<Weight>, ModelError> {
+        (**self).lm_head()
+    }
+
+    fn final_norm(&mut self) -> Result<Tensor, ModelError> {
+        (**self).final_norm()
+    }
+}
+
 /// Weights already in memory, handed out once each (a second ask for the
 /// same tensor is an error, never a copy).
 pub struct InMemory {
@@ -170,6 +192,35 @@ impl WeightSource for InMemory {
         self.final_norm
             .take()
             .ok_or_else(|| taken("final_norm".into()))
+    }
+}
+
+/// A model file being read ([`model_loader::WeightReader`]), its matrices
+/// in `types` (`File`: a GGUF's quantized blocks stay quantized).
+pub struct FileSource<'r> {
+    pub reader: &'r model_loader::WeightReader,
+    pub types: model_loader::WeightTypes,
+}
+
+impl WeightSource for FileSource<'_> {
+    fn num_layers(&self) -> usize {
+        self.reader.num_layers()
+    }
+
+    fn layer(&mut self, i: usize) -> Result<LayerWeights<Weight>, ModelError> {
+        Ok(self.reader.layer(i, self.types)?)
+    }
+
+    fn token_embedding(&mut self) -> Result<Weight, ModelError> {
+        Ok(self.reader.token_embedding(self.types)?)
+    }
+
+    fn lm_head(&mut self) -> Result<Option<Weight>, ModelError> {
+        Ok(self.reader.lm_head(self.types)?)
+    }
+
+    fn final_norm(&mut self) -> Result<Tensor, ModelError> {
+        Ok(self.reader.final_norm()?)
     }
 }
 
