@@ -67,14 +67,7 @@ fn raise_exception(msg: String) -> std::result::Result<String, Error> {
 }
 
 fn template_err(e: Error) -> LoaderError {
-    let mut msg = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    LoaderError::ChatTemplate(msg)
+    LoaderError::ChatTemplate(e)
 }
 
 impl ChatTemplate {

@@ -59,14 +59,22 @@ pub enum LoaderError {
     UnsupportedRopeScaling(String),
     #[error("invalid config: {0}")]
     InvalidConfig(String),
-    #[error("bad JSON in {path}: {message}")]
-    BadJson { path: PathBuf, message: String },
+    #[error("bad JSON in {path}")]
+    BadJson {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("safetensors error in {path}: {message}")]
     Safetensors { path: PathBuf, message: String },
+    /// The tokenizer data is not what the loader can build a tokenizer from.
     #[error("tokenizer error: {0}")]
     Tokenizer(String),
-    #[error("chat template error: {0}")]
-    ChatTemplate(String),
+    /// The `tokenizers` library (or JSON) refused the tokenizer we built.
+    #[error("the tokenizer could not be built or used")]
+    TokenizerLib(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("chat template error")]
+    ChatTemplate(#[source] minijinja::Error),
     #[error("layer {index} out of range: the model has {num_layers} layers")]
     LayerOutOfRange { index: usize, num_layers: usize },
     #[error("rows {start}..{end} of a {rows} x {cols} matrix into a buffer of {out_len} values")]

@@ -25,7 +25,7 @@ pub fn read_json(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| LoaderError::io(path, e))?;
     serde_json::from_str(&text).map_err(|e| LoaderError::BadJson {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        source: e,
     })
 }
 

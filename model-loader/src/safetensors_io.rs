@@ -80,7 +80,7 @@ fn parse_header(path: &Path, data: &[u8]) -> Result<HashMap<String, Entry>> {
     let header: HashMap<String, Value> =
         serde_json::from_slice(&data[8..header_end]).map_err(|e| LoaderError::BadJson {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            source: e,
         })?;
     let mut entries = HashMap::new();
     for (name, v) in header {
@@ -293,7 +293,10 @@ pub fn write_f32(path: &Path, tensors: &[(String, &Tensor)]) -> Result<()> {
         );
         offset += size;
     }
-    let mut json = serde_json::to_string(&header).map_err(|e| st_err(path, e.to_string()))?;
+    let mut json = serde_json::to_string(&header).map_err(|e| LoaderError::BadJson {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
     while (json.len() + 8) % 8 != 0 {
         json.push(' ');
     }

@@ -379,8 +379,7 @@ fn gguf_bytes(vocab: &GgufVocab, template: &str, w: &ModelWeights) -> Result<Vec
 }
 
 fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
-    let text =
-        serde_json::to_string_pretty(v).map_err(|e| LoaderError::Tokenizer(e.to_string()))?;
+    let text = serde_json::to_string_pretty(v).map_err(|e| LoaderError::TokenizerLib(e.into()))?;
     std::fs::write(path, text + "\n").map_err(|e| LoaderError::io(path, e))
 }
 

@@ -7,17 +7,27 @@
 use engine::error::{EngineError, Report, RequestError};
 use hyper::StatusCode;
 use serde::Serialize;
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Everything a request can fail with.
 #[derive(Debug, Clone, Error)]
 pub enum ApiError {
-    /// The body is not JSON, or not the expected shape.
-    #[error("{0}")]
-    BadJson(String),
+    /// The body is not JSON (syntax, end of input).
+    #[error("Malformed JSON body: {0}")]
+    BadJson(Arc<serde_json::Error>),
+    /// The body is empty.
+    #[error("The request body is empty")]
+    EmptyBody,
+    /// The body could not be read from the connection.
+    #[error("Cannot read the body: {0}")]
+    BodyRead(Arc<hyper::Error>),
     /// A field has a value of the wrong type (serde's "invalid type").
-    #[error("{message}")]
-    WrongType { message: String },
+    #[error("Invalid request body: {0}")]
+    WrongType(Arc<serde_json::Error>),
+    /// A field is missing or unknown, or its value does not fit its type.
+    #[error("Invalid request body: {0}")]
+    BadField(Arc<serde_json::Error>),
     /// A value is out of range or inconsistent with another one.
     #[error("{message}")]
     InvalidValue {
@@ -89,7 +99,10 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadJson(_)
-            | ApiError::WrongType { .. }
+            | ApiError::EmptyBody
+            | ApiError::BodyRead(_)
+            | ApiError::WrongType(_)
+            | ApiError::BadField(_)
             | ApiError::InvalidValue { .. }
             | ApiError::ContextTooLong(_) => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -149,18 +162,13 @@ impl ApiError {
     /// Maps a serde_json failure: syntax/EOF, wrong type (`"messages":
     /// "hi"`), missing/unknown field or bad value -> 400, as OpenAI and
     /// vLLM answer.
-    pub fn from_json(e: &serde_json::Error) -> Self {
+    pub fn from_json(e: serde_json::Error) -> Self {
         use serde_json::error::Category;
-        let msg = e.to_string();
+        let wrong_type = e.to_string().starts_with("invalid type");
         match e.classify() {
-            Category::Data if msg.starts_with("invalid type") => ApiError::WrongType {
-                message: format!("Invalid request body: {msg}"),
-            },
-            Category::Data => ApiError::InvalidValue {
-                message: format!("Invalid request body: {msg}"),
-                param: None,
-            },
-            _ => ApiError::BadJson(format!("Malformed JSON body: {msg}")),
+            Category::Data if wrong_type => ApiError::WrongType(Arc::new(e)),
+            Category::Data => ApiError::BadField(Arc::new(e)),
+            _ => ApiError::BadJson(Arc::new(e)),
         }
     }
 }
@@ -215,14 +223,11 @@ mod tests {
     fn json_errors_are_classified() {
         let syntax = serde_json::from_str::<serde_json::Value>("{").expect_err("bad");
         assert_eq!(
-            ApiError::from_json(&syntax).status(),
+            ApiError::from_json(syntax).status(),
             StatusCode::BAD_REQUEST
         );
         let wrong = serde_json::from_str::<u32>("\"x\"").expect_err("bad");
-        assert_eq!(
-            ApiError::from_json(&wrong).status(),
-            StatusCode::BAD_REQUEST
-        );
+        assert_eq!(ApiError::from_json(wrong).status(), StatusCode::BAD_REQUEST);
     }
 
     #[test]

@@ -211,7 +211,7 @@ async fn read_body(
     };
     let mut buf = Vec::with_capacity(declared.unwrap_or(0));
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| ApiError::BadJson(format!("cannot read the body: {e}")))?;
+        let frame = frame.map_err(|e| ApiError::BodyRead(std::sync::Arc::new(e)))?;
         if let Ok(data) = frame.into_data() {
             if buf.len() + data.len() > limit {
                 // Left for `handle` to drain after the answer.
@@ -253,9 +253,9 @@ fn drain_in_background(mut body: Incoming) {
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::BadJson("The request body is empty".into()));
+        return Err(ApiError::EmptyBody);
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::from_json(&e))
+    serde_json::from_slice(body).map_err(ApiError::from_json)
 }
 
 /// Serves one request; never fails (errors become responses). A body the

@@ -69,7 +69,7 @@ pub struct DetokenizeRequest {
 /// Parses a `/tokenize` body; the untagged enum's own error says nothing,
 /// so the form is picked by its key and parsed again for serde's message.
 pub fn parse_tokenize(body: &[u8]) -> Result<TokenizeRequest, ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::from_json(&e))?;
+    let v: Value = serde_json::from_slice(body).map_err(ApiError::from_json)?;
     let chat = v.get("messages").is_some();
     if chat {
         serde_json::from_value(v).map(TokenizeRequest::Chat)
@@ -81,7 +81,7 @@ pub fn parse_tokenize(body: &[u8]) -> Result<TokenizeRequest, ApiError> {
             "the body needs `prompt` (a string) or `messages` (a list)",
         ));
     }
-    .map_err(|e| ApiError::from_json(&e))
+    .map_err(ApiError::from_json)
 }
 
 /// The `/tokenize` answer.
@@ -125,6 +125,6 @@ pub fn detokenize(ctx: &ValidationContext<'_>, r: &DetokenizeRequest) -> Result<
     let prompt = ctx
         .tokenizer
         .decode(&ids, false)
-        .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+        .map_err(|e| ApiError::invalid("tokens", engine::error::Report(&e).to_string()))?;
     Ok(json!({ "prompt": prompt }))
 }

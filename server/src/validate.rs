@@ -25,6 +25,7 @@ use crate::protocol::{
     PromptInput, StopInput,
 };
 use crate::structured::{GrammarCache, ToolMode};
+use engine::error::Report;
 use engine::grammar::GrammarSpec;
 use engine::sampler::MAX_LOGPROBS;
 use model_loader::{ChatMessage, ChatTemplate, Tokenizer};
@@ -298,9 +299,12 @@ pub(crate) fn encode(
     text: &str,
     special: bool,
 ) -> Result<Vec<u32>, ApiError> {
-    ctx.tokenizer
-        .encode(text, special)
-        .map_err(|e| ApiError::invalid("prompt", format!("cannot tokenize the prompt: {e}")))
+    ctx.tokenizer.encode(text, special).map_err(|e| {
+        ApiError::invalid(
+            "prompt",
+            format!("cannot tokenize the prompt: {}", Report(&e)),
+        )
+    })
 }
 
 fn prompt_from_ids(ctx: &ValidationContext<'_>, ids: &[i64]) -> Result<Prompt, ApiError> {
@@ -311,7 +315,7 @@ fn prompt_from_ids(ctx: &ValidationContext<'_>, ids: &[i64]) -> Result<Prompt, A
     let text = ctx
         .tokenizer
         .decode(&token_ids, false)
-        .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        .map_err(|e| ApiError::invalid("prompt", Report(&e).to_string()))?;
     Ok(Prompt { text, token_ids })
 }
 
@@ -404,7 +408,7 @@ fn render_chat_with(
         .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template"))?;
     template
         .render(&msgs, add_generation_prompt)
-        .map_err(|e| ApiError::invalid("messages", format!("chat template failed: {e}")))
+        .map_err(|e| ApiError::invalid("messages", format!("chat template failed: {}", Report(&e))))
 }
 
 fn message_text(m: &ChatMessageIn) -> Result<String, ApiError> {

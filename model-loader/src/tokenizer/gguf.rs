@@ -254,7 +254,7 @@ impl GgufVocab {
     /// Builds the tokenizer.
     pub fn build(&self) -> Result<Tokenizer> {
         let json = serde_json::to_string(&self.to_tokenizer_json()?)
-            .map_err(|e| LoaderError::Tokenizer(e.to_string()))?;
+            .map_err(|e| LoaderError::TokenizerLib(e.into()))?;
         Tokenizer::from_json(json, self.special_tokens())
     }
 }

@@ -55,8 +55,8 @@ pub struct SpecialTokens {
     pub add_bos: bool,
 }
 
-fn tok_err(e: impl std::fmt::Display) -> LoaderError {
-    LoaderError::Tokenizer(e.to_string())
+fn tok_err(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> LoaderError {
+    LoaderError::TokenizerLib(e.into())
 }
 
 impl Tokenizer {

@@ -64,9 +64,17 @@ fn raise_exception_python_methods_and_whitespace_control() {
     let err = t
         .render(&[ChatMessage::new("system", "x")], false)
         .unwrap_err();
+    // The template's own message is in the typed source chain.
+    let mut chain = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(s) = source {
+        chain.push_str(&format!(": {s}"));
+        source = s.source();
+    }
     assert!(
-        matches!(&err, LoaderError::ChatTemplate(m) if m.contains("Conversation must start with user")),
-        "{err}"
+        matches!(&err, LoaderError::ChatTemplate(_))
+            && chain.contains("Conversation must start with user"),
+        "{chain}"
     );
     assert!(matches!(
         ChatTemplate::new("{% for %}", "", ""),
