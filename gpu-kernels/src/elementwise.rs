@@ -58,6 +58,17 @@ pub unsafe fn rotary_embedding<T: Storage>(
 /// # Safety
 /// Shapes as above; grid x = tokens.
 pub unsafe fn silu_and_mul<T: Storage>(out: *mut T, input: *const T, d: u32) {
+    // SAFETY: per the function contract.
+    unsafe { gated(out, input, d, |g| g / (1.0 + exp_fast(-g))) }
+}
+
+/// `out[t, j] = act(input[t, j]) * input[t, d + j]`: the body of the gated MLP
+/// activations. One block per token (grid x), thread `i` handles `j = i, i + threads, ...`.
+///
+/// # Safety
+/// As [`silu_and_mul`].
+#[inline(always)]
+unsafe fn gated<T: Storage>(out: *mut T, input: *const T, d: u32, act: impl Fn(f32) -> f32) {
     let (t, d) = (block_idx_x() as usize, d as usize);
     // SAFETY: per the function contract.
     unsafe {
@@ -65,8 +76,7 @@ pub unsafe fn silu_and_mul<T: Storage>(out: *mut T, input: *const T, d: u32) {
         let mut j = thread_idx_x() as usize;
         while j < d {
             let g = (*x.add(j)).to_f32();
-            let silu = g / (1.0 + exp_fast(-g));
-            *out.add(t * d + j) = T::from_f32(silu * (*x.add(d + j)).to_f32());
+            *out.add(t * d + j) = T::from_f32(act(g) * (*x.add(d + j)).to_f32());
             j += block_dim_x() as usize;
         }
     }
@@ -115,17 +125,8 @@ pub fn gelu_tanh(g: f32) -> f32 {
 /// # Safety
 /// Shapes as above, `out` and `input` not overlapping; grid x = tokens.
 pub unsafe fn gelu_tanh_and_mul<T: Storage>(out: *mut T, input: *const T, d: u32) {
-    let (t, d) = (block_idx_x() as usize, d as usize);
     // SAFETY: per the function contract.
-    unsafe {
-        let x = input.add(t * 2 * d);
-        let mut j = thread_idx_x() as usize;
-        while j < d {
-            let g = (*x.add(j)).to_f32();
-            *out.add(t * d + j) = T::from_f32(gelu_tanh(g) * (*x.add(d + j)).to_f32());
-            j += block_dim_x() as usize;
-        }
-    }
+    unsafe { gated(out, input, d, gelu_tanh) }
 }
 
 /// In place: `x[r, j] *= s` (computed in `f32`, rounded to `T`); Gemma's embedding

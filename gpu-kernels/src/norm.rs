@@ -46,16 +46,9 @@ pub unsafe fn rms_norm<T: Storage>(
         let x = input.add(row);
         if n.is_multiple_of(T::VEC) && aligned16(&[x as usize, out as usize, weight as usize]) {
             let (vec, nv) = (T::VEC, n / T::VEC);
-            let mut ss = 0.0f32;
-            let mut j = tid;
-            while j < nv {
-                let a = T::unpack(ld_global_nc_v4(x.add(j * vec).cast()));
-                for e in 0..vec {
-                    ss += a[e] * a[e];
-                }
-                j += threads;
-            }
-            let inv = 1.0 / sqrt(block_sum(ss) / n as f32 + eps);
+            let inv = inv_rms(nv, vec, n, eps, |j| {
+                T::unpack(ld_global_nc_v4(x.add(j * vec).cast()))
+            });
             let o = out.add(row);
             let mut j = tid;
             while j < nv {
@@ -70,14 +63,7 @@ pub unsafe fn rms_norm<T: Storage>(
             }
             return;
         }
-        let mut ss = 0.0f32;
-        let mut i = tid;
-        while i < n {
-            let v = (*x.add(i)).to_f32();
-            ss += v * v;
-            i += threads;
-        }
-        let inv = 1.0 / sqrt(block_sum(ss) / n as f32 + eps);
+        let inv = inv_rms(n, 1, n, eps, |i| lane0((*x.add(i)).to_f32()));
         let o = out.add(row);
         let mut i = tid;
         while i < n {
@@ -157,6 +143,39 @@ pub unsafe fn fused_add_rms_norm<T: Storage>(
     }
 }
 
+/// `1 / sqrt(mean(v^2) + eps)` over a row of `n` values that the block reads as `count`
+/// pieces of `lanes` values each (16-byte vectors, or single values with `lanes == 1`):
+/// thread `i` reads pieces `i, i + threads, ...` through `load`, then one block reduction
+/// gives every thread the result, so every thread of the block must call it.
+#[inline(always)]
+fn inv_rms(
+    count: usize,
+    lanes: usize,
+    n: usize,
+    eps: f32,
+    mut load: impl FnMut(usize) -> [f32; 8],
+) -> f32 {
+    let (tid, threads) = (thread_idx_x() as usize, block_dim_x() as usize);
+    let mut ss = 0.0f32;
+    let mut j = tid;
+    while j < count {
+        let a = load(j);
+        for e in 0..lanes {
+            ss += a[e] * a[e];
+        }
+        j += threads;
+    }
+    1.0 / sqrt(block_sum(ss) / n as f32 + eps)
+}
+
+/// One value as the first lane of a piece (the scalar path of [`inv_rms`]).
+#[inline(always)]
+fn lane0(v: f32) -> [f32; 8] {
+    let mut a = [0.0f32; 8];
+    a[0] = v;
+    a
+}
+
 /// Whether every address is 16-byte aligned (the vector path's requirement; otherwise the
 /// scalar path runs).
 #[inline(always)]
@@ -204,16 +223,9 @@ pub unsafe fn rms_norm_heads<T: Storage>(
         let p = x.add(t * row_stride as usize + h as usize * n);
         if n.is_multiple_of(T::VEC) && aligned16(&[p as usize, weight as usize]) {
             let (vec, nv) = (T::VEC, n / T::VEC);
-            let mut ss = 0.0f32;
-            let mut j = tid;
-            while j < nv {
-                let a = T::unpack(ld_global_v4(p.add(j * vec).cast()));
-                for e in 0..vec {
-                    ss += a[e] * a[e];
-                }
-                j += threads;
-            }
-            let inv = 1.0 / sqrt(block_sum(ss) / n as f32 + eps);
+            let inv = inv_rms(nv, vec, n, eps, |j| {
+                T::unpack(ld_global_v4(p.add(j * vec).cast()))
+            });
             let mut j = tid;
             while j < nv {
                 let a = T::unpack(ld_global_v4(p.add(j * vec).cast()));
@@ -227,14 +239,7 @@ pub unsafe fn rms_norm_heads<T: Storage>(
             }
             return;
         }
-        let mut ss = 0.0f32;
-        let mut i = tid;
-        while i < n {
-            let v = (*p.add(i)).to_f32();
-            ss += v * v;
-            i += threads;
-        }
-        let inv = 1.0 / sqrt(block_sum(ss) / n as f32 + eps);
+        let inv = inv_rms(n, 1, n, eps, |i| lane0((*p.add(i)).to_f32()));
         let mut i = tid;
         while i < n {
             *p.add(i) = T::from_f32((*p.add(i)).to_f32() * inv * (*weight.add(i)).to_f32());
@@ -272,16 +277,9 @@ pub unsafe fn add_rms_norm<T: Storage>(
         let (src, dst) = (input.add(row), x.add(row));
         if n.is_multiple_of(T::VEC) && aligned16(&[src as usize, dst as usize, weight as usize]) {
             let (vec, nv) = (T::VEC, n / T::VEC);
-            let mut ss = 0.0f32;
-            let mut j = tid;
-            while j < nv {
-                let a = T::unpack(ld_global_nc_v4(src.add(j * vec).cast()));
-                for e in 0..vec {
-                    ss += a[e] * a[e];
-                }
-                j += threads;
-            }
-            let inv = 1.0 / sqrt(block_sum(ss) / n as f32 + eps);
+            let inv = inv_rms(nv, vec, n, eps, |j| {
+                T::unpack(ld_global_nc_v4(src.add(j * vec).cast()))
+            });
             let mut j = tid;
             while j < nv {
                 let a = T::unpack(ld_global_nc_v4(src.add(j * vec).cast()));
@@ -296,14 +294,7 @@ pub unsafe fn add_rms_norm<T: Storage>(
             }
             return;
         }
-        let mut ss = 0.0f32;
-        let mut i = tid;
-        while i < n {
-            let v = (*src.add(i)).to_f32();
-            ss += v * v;
-            i += threads;
-        }
-        let inv = 1.0 / sqrt(block_sum(ss) / n as f32 + eps);
+        let inv = inv_rms(n, 1, n, eps, |i| lane0((*src.add(i)).to_f32()));
         let mut i = tid;
         while i < n {
             let y = (*src.add(i)).to_f32() * inv * (*weight.add(i)).to_f32();

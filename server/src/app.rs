@@ -99,13 +99,38 @@ fn weight_types(dtype: DtypeArg) -> model_loader::WeightTypes {
     }
 }
 
-/// Opens a model for reading (its tensors checked, none read yet) and
-/// loads its tokenizer and chat template.
-fn open_model(path: &std::path::Path) -> anyhow::Result<(WeightReader, ModelInfo)> {
-    let reader = WeightReader::open(path).with_context(|| format!("loading {}", path.display()))?;
-    let info = model_loader::load_config_and_tokenizer(path)
+/// A model opened for serving: its file, its tensors (checked, none read
+/// yet), its tokenizer and chat template.
+struct Opened {
+    path: PathBuf,
+    reader: WeightReader,
+    info: ModelInfo,
+}
+
+/// Sizes the thread pools, then opens the model `engine` names.
+fn open_model(engine: &EngineArgs) -> anyhow::Result<Opened> {
+    set_threads(engine.threads);
+    let path = model_path(engine)?;
+    tracing::info!(model = %path.display(), "loading model");
+    let reader =
+        WeightReader::open(&path).with_context(|| format!("loading {}", path.display()))?;
+    let info = model_loader::load_config_and_tokenizer(&path)
         .with_context(|| format!("loading the tokenizer of {}", path.display()))?;
-    Ok((reader, info))
+    Ok(Opened { path, reader, info })
+}
+
+/// Starts the engine on an opened model; the reader (and its mapping of
+/// the file) goes once the weights are loaded.
+fn start_engine(
+    engine: &EngineArgs,
+    reader: WeightReader,
+    info: &ModelInfo,
+    handle: HandleConfig,
+) -> anyhow::Result<EngineBackend> {
+    let opts = engine_options(engine, info.config.max_position_embeddings, handle);
+    let eos = info.tokenizer.eos_token_ids().to_vec();
+    EngineBackend::start(&reader, weight_types(engine.dtype), eos, &opts)
+        .context("cannot start the engine")
 }
 
 /// Sizes the forward pass's pool and rayon's (sampling, grammar masks).
@@ -125,31 +150,18 @@ fn set_threads(threads: Option<usize>) {
 
 /// Loads the model and builds the application state.
 pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
-    set_threads(args.engine.threads);
-    let path = model_path(&args.engine)?;
-    tracing::info!(model = %path.display(), "loading model");
-    let (
-        reader,
-        ModelInfo {
-            config,
-            tokenizer,
-            chat_template,
-            ..
-        },
-    ) = open_model(&path)?;
-    let opts = engine_options(
-        &args.engine,
-        config.max_position_embeddings,
-        HandleConfig {
-            max_waiting: args.http.max_waiting_requests,
-            stream_capacity: args.http.stream_buffer,
-            stall_timeout: Duration::from_secs_f64(args.http.stream_stall_timeout),
-        },
-    );
-    let eos = tokenizer.eos_token_ids().to_vec();
-    let backend = EngineBackend::start(&reader, weight_types(args.engine.dtype), eos, &opts)
-        .context("cannot start the engine")?;
-    drop(reader);
+    let Opened { path, reader, info } = open_model(&args.engine)?;
+    let handle = HandleConfig {
+        max_waiting: args.http.max_waiting_requests,
+        stream_capacity: args.http.stream_buffer,
+        stall_timeout: Duration::from_secs_f64(args.http.stream_stall_timeout),
+    };
+    let backend = start_engine(&args.engine, reader, &info, handle)?;
+    let ModelInfo {
+        tokenizer,
+        chat_template,
+        ..
+    } = info;
     let limits = crate::backend::Backend::limits(&backend);
     tracing::info!(
         blocks = limits.num_gpu_blocks,
@@ -239,20 +251,16 @@ pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
 /// `server generate`: a quick greedy completion printed to stdout, through
 /// the same engine the server uses.
 pub fn run_generate(engine: &EngineArgs, args: GenerateArgs) -> anyhow::Result<()> {
-    set_threads(engine.threads);
-    let path = model_path(engine)?;
-    tracing::info!(model = %path.display(), "loading model");
-    let (
-        reader,
-        ModelInfo {
-            config,
-            tokenizer,
-            chat_template,
-            ..
-        },
-    ) = open_model(&path)?;
+    let Opened { reader, info, .. } = open_model(engine)?;
+    let ModelInfo {
+        tokenizer,
+        chat_template,
+        ..
+    } = &info;
     let text = if args.chat {
-        let t = chat_template.context("this model has no chat template")?;
+        let t = chat_template
+            .as_ref()
+            .context("this model has no chat template")?;
         t.render(&[ChatMessage::new("user", args.prompt.clone())], true)?
     } else {
         args.prompt.clone()
@@ -262,11 +270,7 @@ pub fn run_generate(engine: &EngineArgs, args: GenerateArgs) -> anyhow::Result<(
         max_waiting: 16,
         ..HandleConfig::default()
     };
-    let opts = engine_options(engine, config.max_position_embeddings, handle);
-    let eos = tokenizer.eos_token_ids().to_vec();
-    let backend = EngineBackend::start(&reader, weight_types(engine.dtype), eos, &opts)
-        .context("cannot start the engine")?;
-    drop(reader);
+    let backend = start_engine(engine, reader, &info, handle)?;
     let out = generate_text(&backend, &tokenizer, prompt, args.max_tokens)?;
     println!("{out}");
     crate::backend::Backend::shutdown(&backend);
