@@ -271,7 +271,7 @@ pub fn run_generate(engine: &EngineArgs, args: GenerateArgs) -> anyhow::Result<(
         ..HandleConfig::default()
     };
     let backend = start_engine(engine, reader, &info, handle)?;
-    let out = generate_text(&backend, &tokenizer, prompt, args.max_tokens)?;
+    let out = generate_text(&backend, tokenizer, prompt, args.max_tokens)?;
     println!("{out}");
     crate::backend::Backend::shutdown(&backend);
     Ok(())
