@@ -19,6 +19,10 @@
 //!   a `StepOutcome` (this loop never changes a sequence itself);
 //! - the path of each step's draws is chosen up front from the executor's
 //!   declared `Capabilities` (`sample::sampling`);
+//! - with a KV event sink ([`LlmEngine::set_kv_event_sink`]) the KV
+//!   manager's events are taken once at the end of every `step` call and
+//!   handed to the sink in one call when there are any (without a sink the
+//!   manager records nothing: one `Option` check per step);
 //! - with `SchedulerConfig::async_scheduling` the next step is scheduled and
 //!   launched before this one's tokens are appended (`overlap`): the same
 //!   outputs, a placeholder token for at most one `step` call.
@@ -42,7 +46,7 @@ use crate::error::EngineError;
 use crate::executor::{Capabilities, ExecError, Executor, Sampling, StepOutput};
 use crate::grammar::state::{GrammarStates, MaskWork};
 use crate::grammar::Mask;
-use crate::kv::{KvCacheManager, KvStats};
+use crate::kv::{KvCacheManager, KvEventSink, KvStats};
 use crate::scheduler::{
     validate_request, Ahead, Outputs, RequestId, RequestParams, SampleTarget, Scheduler,
     SchedulerConfig, SchedulerOutput, SchedulerStats, ValidRequest,
@@ -100,6 +104,8 @@ pub struct LlmEngine {
     grammars: GrammarStates,
     /// Rows of the executor's token-count table (device penalties).
     count_slots: count_slots::CountSlots,
+    /// Where the KV manager's events go (recording is off without one).
+    kv_events: Option<Box<dyn KvEventSink>>,
 }
 
 impl LlmEngine {
@@ -140,7 +146,26 @@ impl LlmEngine {
             timings: StepTimings::default(),
             grammars: GrammarStates::default(),
             count_slots: count_slots::CountSlots::new(caps.count_slots),
+            kv_events: None,
         })
+    }
+
+    /// Turns on the KV manager's event recording and hands every step's
+    /// events to `sink` (on the engine thread, once per step that recorded
+    /// any; the sink must not block).
+    pub fn set_kv_event_sink(&mut self, sink: Box<dyn KvEventSink>) {
+        self.kv.record_events(true);
+        self.kv_events = Some(sink);
+    }
+
+    /// Hands the events recorded since the last call to the sink.
+    fn publish_kv_events(&mut self) {
+        if let Some(sink) = self.kv_events.as_mut() {
+            let events = self.kv.take_events();
+            if !events.is_empty() {
+                sink.publish(events);
+            }
+        }
     }
 
     /// Validates and queues a request; refuses at once what can never run.
@@ -209,9 +234,17 @@ impl LlmEngine {
     /// asynchronous scheduling the iteration also schedules and launches
     /// the next step (see `overlap`).
     pub fn step(&mut self) -> Vec<RequestOutput> {
-        if matches!(self.runner, Runner::Worker(_)) {
-            return self.step_overlapped();
-        }
+        let outs = if matches!(self.runner, Runner::Worker(_)) {
+            self.step_overlapped()
+        } else {
+            self.step_direct()
+        };
+        self.publish_kv_events();
+        outs
+    }
+
+    /// [`Self::step`] with the executor on this thread.
+    fn step_direct(&mut self) -> Vec<RequestOutput> {
         let t0 = Instant::now();
         let sched = self.scheduler.schedule(self.kv.as_mut());
         let t1 = Instant::now();

@@ -13,6 +13,7 @@
 //!   K/V is written in the accelerator pool.
 
 mod check;
+mod events;
 mod fx;
 mod paged;
 mod pool;
@@ -26,6 +27,7 @@ mod tests_reservation;
 #[cfg(test)]
 mod tests_unit;
 
+pub use events::{KvEvent, KvEventSink, KvMedium};
 pub use paged::{PagedKvCacheManager, PagedKvConfig};
 pub use prefix_cache::{hash_block, BlockHash};
 pub use reservation::{ReservationKvCacheManager, ReservationPolicy};
@@ -167,4 +169,18 @@ pub trait KvCacheManager: Send {
 
     /// Counters and gauges.
     fn stats(&self) -> KvStats;
+
+    /// Starts (or stops) recording [`KvEvent`]s: changes of the set of
+    /// blocks the prefix cache can find. Off by default, and free while off.
+    /// The default suits managers without a prefix cache (they have nothing
+    /// to report).
+    fn record_events(&mut self, on: bool) {
+        let _ = on;
+    }
+
+    /// The events recorded since the last call, oldest first (empty while
+    /// not recording).
+    fn take_events(&mut self) -> Vec<KvEvent> {
+        Vec::new()
+    }
 }

@@ -30,6 +30,11 @@
 //! reserved KV slots holding real token states. Prefix-cache counters are per
 //! token (see `prefix_cache`).
 //!
+//! Events: with [`KvCacheManager::record_events`] on, every change of
+//! what the prefix cache can find is recorded (see `events`): stores as full
+//! blocks get their hash (appends, swap-in), removals as a cached free block
+//! is reused, "all cleared" on [`PagedKvCacheManager::reset_prefix_cache`].
+//!
 //! Watermark: admitting a new group must leave `watermark_blocks`
 //! (`floor(watermark * total)`) blocks free, so running sequences keep room to
 //! grow. A group that cannot fit even in an empty cache above the watermark
@@ -41,8 +46,8 @@ use super::fx::FxBuild;
 use super::pool::BlockPool;
 use super::prefix_cache::{hash_block, BlockHash, PrefixCache};
 use super::{
-    AdmitDecision, AppendOutcome, BlockCopy, BlockId, KvCacheManager, KvError, KvStats, LengthHint,
-    SeqId,
+    AdmitDecision, AppendOutcome, BlockCopy, BlockId, KvCacheManager, KvError, KvEvent, KvStats,
+    LengthHint, SeqId,
 };
 
 /// Configuration of a [`PagedKvCacheManager`].
@@ -311,6 +316,23 @@ impl PagedKvCacheManager {
         self.dev.cache.is_cached(b)
     }
 
+    /// vLLM's `reset_prefix_cache`: forgets every cached block, and records
+    /// `AllBlocksCleared`. Refused (returns false, nothing changes) while
+    /// any accelerator block is referenced, as vLLM refuses while blocks are
+    /// in use. O(pool size).
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.dev.pool.num_free() != self.dev.pool.num_blocks() {
+            return false;
+        }
+        self.dev.cache.clear();
+        true
+    }
+
+    /// Every hash the prefix cache can find now (no order).
+    pub fn cached_hashes(&self) -> Vec<BlockHash> {
+        self.dev.cache.cached_hashes().collect()
+    }
+
     /// Number of sequences known (resident or swapped).
     pub fn num_sequences(&self) -> usize {
         self.seqs.len()
@@ -531,5 +553,13 @@ impl KvCacheManager for PagedKvCacheManager {
             prefix_cache_hits: c.hits,
             prefix_cache_evictions: c.evictions,
         }
+    }
+
+    fn record_events(&mut self, on: bool) {
+        self.dev.cache.record_events(on);
+    }
+
+    fn take_events(&mut self) -> Vec<KvEvent> {
+        self.dev.cache.take_events()
     }
 }

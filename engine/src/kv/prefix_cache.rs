@@ -22,12 +22,20 @@
 //! length of every lookup made by `allocate`, `hits` the number of prompt
 //! tokens found; `evictions` counts cached blocks reused for new contents.
 //!
+//! Events: when recording is on ([`PrefixCache::record_events`]) every
+//! change of the hash map is logged as a [`KvEvent`] (see `events`): a
+//! successful `register` as a store, an `evict` that forgot a block as a
+//! removal, `clear` as "all cleared". A skipped registration records
+//! nothing, so the log mirrors the map exactly.
+//!
 //! Complexity: lookup is O(matched blocks x block_size) plus one hash per
-//! probed block; register and evict are O(block_size) and O(1) expected.
+//! probed block; register and evict are O(block_size) and O(1) expected
+//! (recording adds O(block_size) per store); clear is O(blocks).
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
+use super::events::{EventLog, KvEvent};
 use super::fx::FxBuild;
 use super::BlockId;
 
@@ -76,6 +84,8 @@ pub struct PrefixCache {
     /// Token ids of cached blocks, `block_size` per block, flat.
     tokens: Vec<u32>,
     pub counters: PrefixCacheCounters,
+    /// The event log, while recording (`None`: off, no cost).
+    events: Option<EventLog>,
 }
 
 /// One block found by [`PrefixCache::lookup`].
@@ -97,7 +107,33 @@ impl PrefixCache {
             entries: vec![None; num_blocks],
             tokens: vec![0; store],
             counters: PrefixCacheCounters::default(),
+            events: None,
         }
+    }
+
+    /// Starts or stops recording events; stopping drops what was recorded.
+    pub fn record_events(&mut self, on: bool) {
+        if on != self.events.is_some() {
+            self.events = on.then(EventLog::default);
+        }
+    }
+
+    /// The events recorded since the last call, in order (empty when off).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(EventLog::take).unwrap_or_default()
+    }
+
+    /// Forgets every cached block (their contents stay where they are, but
+    /// nothing is findable any more). Returns how many were forgotten; an
+    /// `AllBlocksCleared` event is recorded either way.
+    pub fn clear(&mut self) -> usize {
+        let n = self.map.len();
+        self.map.clear();
+        self.entries.iter_mut().for_each(|e| *e = None);
+        if let Some(log) = &mut self.events {
+            log.cleared();
+        }
+        n
     }
 
     pub fn enabled(&self) -> bool {
@@ -108,6 +144,11 @@ impl PrefixCache {
         self.entries
             .get(b.0 as usize)
             .is_some_and(|entry| entry.is_some())
+    }
+
+    /// Every hash the cache can find now (no order).
+    pub fn cached_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.map.keys().copied()
     }
 
     /// The longest chain of cached full blocks that prefixes `tokens`, at
@@ -164,6 +205,9 @@ impl PrefixCache {
         });
         let start = block.0 as usize * self.block_size;
         self.tokens[start..start + self.block_size].copy_from_slice(tokens);
+        if let Some(log) = &mut self.events {
+            log.stored(hash, parent, tokens);
+        }
         true
     }
 
@@ -181,6 +225,9 @@ impl PrefixCache {
         {
             self.map.remove(&entry.hash);
             self.counters.evictions += 1;
+            if let Some(log) = &mut self.events {
+                log.removed(entry.hash);
+            }
         }
     }
 

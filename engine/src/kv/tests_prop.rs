@@ -11,14 +11,22 @@
 //! token *and everything before it* (a rolling hash of the prefix), so a
 //! prefix-cache hit on a block with the right tokens but another prefix is
 //! caught too.
+//!
+//! With prefix caching the manager also records its events, and the model
+//! plays a subscriber: it applies each operation's events to its own set of
+//! findable hashes and checks, after every operation, that this set is
+//! exactly what the cache can find (so every stored hash is either still
+//! cached or was removed), that each `BlockStored` chain hashes to its
+//! hashes from its parent and tokens, and that no hash is stored twice or
+//! removed unseen.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
 
 use super::{
-    AdmitDecision, BlockCopy, BlockId, KvCacheManager, KvError, LengthHint, PagedKvCacheManager,
-    PagedKvConfig, SeqId,
+    hash_block, AdmitDecision, BlockCopy, BlockHash, BlockId, KvCacheManager, KvError, KvEvent,
+    KvMedium, LengthHint, PagedKvCacheManager, PagedKvConfig, SeqId,
 };
 
 const BS: usize = 4;
@@ -76,6 +84,8 @@ struct Model {
     next_id: u64,
     prefixes: [Vec<u32>; 3],
     seen: Coverage,
+    /// The findable hashes, as a subscriber to the events knows them.
+    view: HashSet<BlockHash>,
 }
 
 /// How often the interesting paths ran, to show the test reaches them.
@@ -87,6 +97,8 @@ struct Coverage {
     swap_outs: usize,
     swap_ins: usize,
     swap_refused: usize,
+    stored_events: usize,
+    removed_events: usize,
 }
 
 const HINT: LengthHint = LengthHint {
@@ -99,8 +111,11 @@ impl Model {
         let mut cfg = PagedKvConfig::new(BS, DEV_BLOCKS, CPU_BLOCKS);
         cfg.enable_prefix_caching = caching;
         cfg.watermark = 0.05;
+        let mut mgr = PagedKvCacheManager::new(cfg).unwrap();
+        mgr.record_events(true);
         Self {
-            mgr: PagedKvCacheManager::new(cfg).unwrap(),
+            mgr,
+            view: HashSet::new(),
             dev_mem: vec![[None; BS]; DEV_BLOCKS],
             cpu_mem: vec![[None; BS]; CPU_BLOCKS],
             expected: HashMap::new(),
@@ -348,12 +363,54 @@ impl Model {
         assert!(stats.used_slots <= stats.allocated_slots);
     }
 
-    fn check(&self) {
+    fn check(&mut self) {
         if let Err(e) = self.mgr.check_invariants() {
             panic!("invariant: {e}");
         }
         self.check_refs();
         self.check_contents();
+        self.check_events();
+    }
+
+    /// Applies the events recorded since the last check to the subscriber's
+    /// view, then compares the view with what the cache can find.
+    fn check_events(&mut self) {
+        for ev in self.mgr.take_events() {
+            match ev {
+                KvEvent::BlockStored {
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    block_size,
+                    lora_id,
+                    medium,
+                } => {
+                    self.seen.stored_events += 1;
+                    assert_eq!((block_size, lora_id, medium), (BS, None, KvMedium::Gpu));
+                    assert!(!block_hashes.is_empty());
+                    assert_eq!(token_ids.len(), block_hashes.len() * BS);
+                    let mut parent = parent_block_hash;
+                    for (hash, toks) in block_hashes.iter().zip(token_ids.chunks(BS)) {
+                        assert_eq!(*hash, hash_block(parent, None, toks), "chain broken");
+                        assert!(self.view.insert(*hash), "{hash:?} stored twice");
+                        parent = Some(*hash);
+                    }
+                }
+                KvEvent::BlockRemoved {
+                    block_hashes,
+                    medium,
+                } => {
+                    self.seen.removed_events += 1;
+                    assert_eq!(medium, KvMedium::Gpu);
+                    for hash in block_hashes {
+                        assert!(self.view.remove(&hash), "{hash:?} removed unseen");
+                    }
+                }
+                KvEvent::AllBlocksCleared => self.view.clear(),
+            }
+        }
+        let cached: HashSet<BlockHash> = self.mgr.cached_hashes().into_iter().collect();
+        assert_eq!(self.view, cached, "the events disagree with the cache");
     }
 }
 
@@ -371,6 +428,11 @@ fn run(ops: &[Op], caching: bool) -> (Coverage, u64) {
     assert_eq!(m.mgr.num_free_blocks(), DEV_BLOCKS);
     assert_eq!(m.mgr.stats().cpu_free_blocks, CPU_BLOCKS);
     assert_eq!(m.mgr.stats().used_slots, 0);
+    // Everything is free: the reset is allowed and the subscriber's view
+    // follows it to empty.
+    assert!(m.mgr.reset_prefix_cache());
+    m.check();
+    assert!(m.view.is_empty() && m.mgr.cached_hashes().is_empty());
     (m.seen, m.mgr.stats().prefix_cache_evictions)
 }
 
@@ -392,6 +454,8 @@ fn random_operations_reach_every_path() {
         total.swap_outs += c.swap_outs;
         total.swap_ins += c.swap_ins;
         total.swap_refused += c.swap_refused;
+        total.stored_events += c.stored_events;
+        total.removed_events += c.removed_events;
         evictions += e;
     }
     eprintln!("coverage over 20 runs: {total:?}, evictions {evictions}");
@@ -402,6 +466,8 @@ fn random_operations_reach_every_path() {
         swap_outs,
         swap_ins,
         swap_refused,
+        stored_events,
+        removed_events,
     } = total;
     for (name, n) in [
         ("prefix hits", prefix_hits),
@@ -411,6 +477,8 @@ fn random_operations_reach_every_path() {
         ("swap ins", swap_ins),
         ("refused swaps", swap_refused),
         ("evictions", evictions as usize),
+        ("BlockStored events", stored_events),
+        ("BlockRemoved events", removed_events),
     ] {
         assert!(n > 0, "{name} never happened: {total:?}");
     }

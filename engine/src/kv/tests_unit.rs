@@ -1,8 +1,8 @@
 //! Unit tests of the paged manager's documented behaviours.
 
 use super::{
-    AdmitDecision, BlockCopy, KvCacheManager, KvError, LengthHint, PagedKvCacheManager,
-    PagedKvConfig, SeqId,
+    hash_block, AdmitDecision, BlockCopy, KvCacheManager, KvError, KvEvent, KvMedium, LengthHint,
+    PagedKvCacheManager, PagedKvConfig, SeqId,
 };
 
 const HINT: LengthHint = LengthHint {
@@ -288,4 +288,83 @@ fn errors_are_typed() {
             Err(KvError::InvalidConfig(_))
         ));
     }
+}
+
+/// The events of a concrete history: one chain stored as one event, a
+/// second chain, its eviction when the pool runs out, and a reset that is
+/// refused while blocks are held.
+#[test]
+fn events_follow_the_cache() {
+    let mut m = manager(2, 4, 0, true);
+    assert!(m.take_events().is_empty(), "off by default");
+    admit(&mut m, 1, &[1, 2, 3, 4, 5]);
+    assert!(m.take_events().is_empty(), "nothing recorded while off");
+    m.free(SeqId(1));
+
+    let mut m = manager(2, 4, 0, true);
+    m.record_events(true);
+    admit(&mut m, 1, &[1, 2, 3, 4, 5]);
+    let h1 = hash_block(None, None, &[1, 2]);
+    let h2 = hash_block(Some(h1), None, &[3, 4]);
+    assert_eq!(
+        m.take_events(),
+        vec![KvEvent::BlockStored {
+            block_hashes: vec![h1, h2],
+            parent_block_hash: None,
+            token_ids: vec![1, 2, 3, 4],
+            block_size: 2,
+            lora_id: None,
+            medium: KvMedium::Gpu,
+        }]
+    );
+    // A decode token that completes block 3: its own event, parent h2.
+    m.append_slots(SeqId(1), &[6]).unwrap();
+    let h3 = hash_block(Some(h2), None, &[5, 6]);
+    assert_eq!(
+        m.take_events(),
+        vec![KvEvent::BlockStored {
+            block_hashes: vec![h3],
+            parent_block_hash: Some(h2),
+            token_ids: vec![5, 6],
+            block_size: 2,
+            lora_id: None,
+            medium: KvMedium::Gpu,
+        }]
+    );
+    assert!(!m.reset_prefix_cache(), "refused while blocks are held");
+    assert!(m.take_events().is_empty());
+    m.free(SeqId(1));
+    // Four free blocks, three cached: a new 4-block sequence reuses all of
+    // them. Eviction order: the free list's order (last blocks first).
+    admit(&mut m, 2, &[9, 9, 8, 8, 7, 7, 6]);
+    let g1 = hash_block(None, None, &[9, 9]);
+    let g2 = hash_block(Some(g1), None, &[8, 8]);
+    let g3 = hash_block(Some(g2), None, &[7, 7]);
+    let evs = m.take_events();
+    let removed: Vec<_> = evs
+        .iter()
+        .filter_map(|e| match e {
+            KvEvent::BlockRemoved { block_hashes, .. } => Some(block_hashes.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(removed, vec![h3, h2, h1]);
+    assert_eq!(
+        evs.last(),
+        Some(&KvEvent::BlockStored {
+            block_hashes: vec![g1, g2, g3],
+            parent_block_hash: None,
+            token_ids: vec![9, 9, 8, 8, 7, 7],
+            block_size: 2,
+            lora_id: None,
+            medium: KvMedium::Gpu,
+        })
+    );
+    m.free(SeqId(2));
+    assert!(m.reset_prefix_cache());
+    assert_eq!(m.take_events(), vec![KvEvent::AllBlocksCleared]);
+    assert!(m.cached_hashes().is_empty());
+    // Nothing findable: the same prompt is computed again.
+    assert_eq!(admit(&mut m, 3, &[9, 9, 8, 8, 7]), 0);
 }
