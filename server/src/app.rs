@@ -129,7 +129,14 @@ fn start_engine(
 ) -> anyhow::Result<EngineBackend> {
     let opts = engine_options(engine, info.config.max_position_embeddings, handle);
     let eos = info.tokenizer.eos_token_ids().to_vec();
-    EngineBackend::start(&reader, weight_types(engine.dtype), eos, &opts)
+    let kv_events = match &engine.kv_events_config {
+        Some(cfg) => crate::kv_events::start(cfg)?,
+        None => None,
+    };
+    if kv_events.is_some() && !engine.enable_prefix_caching {
+        tracing::warn!("KV events are on but prefix caching is off: no block will be reported");
+    }
+    EngineBackend::start(&reader, weight_types(engine.dtype), eos, &opts, kv_events)
         .context("cannot start the engine")
 }
 

@@ -19,6 +19,7 @@
 //! Cost: parsing only; nothing here touches the model.
 
 use crate::cors::CorsList;
+use crate::kv_events::KvEventsConfig;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -300,6 +301,16 @@ pub struct EngineArgs {
     /// Worker threads for the forward pass (default: all cores). Range: >= 1.
     #[arg(long, global = true, value_name = "N", value_parser = range::positive)]
     pub threads: Option<usize>,
+    /// KV cache events for KV-aware routers, as vLLM's KVEventsConfig JSON:
+    /// `'{"enable_kv_cache_events": true}'` publishes on a ZeroMQ PUB socket
+    /// at tcp://*:5557. Fields (vLLM's defaults): enable_kv_cache_events
+    /// (false), publisher ("zmq" when enabled, else "null"), endpoint
+    /// ("tcp://*:5557"; `*` or `::` binds, another host is connected to),
+    /// replay_endpoint (none; e.g. "tcp://*:5558"), buffer_steps (10000),
+    /// hwm (100000), max_queue_size (100000, >= 1), topic (""). An unknown
+    /// field, a bad value or an endpoint that cannot be bound stops startup.
+    #[arg(long, global = true, value_name = "JSON", value_parser = KvEventsConfig::parse)]
+    pub kv_events_config: Option<KvEventsConfig>,
 }
 
 /// What `serve` runs with: the engine flags and the HTTP flags.

@@ -18,7 +18,7 @@ use crate::backend::{
 use anyhow::Context;
 use engine::engine_loop::{EngineStats, HandleConfig, ShutdownMode};
 use engine::executor::{build_executor, ExecutorRequest, WeightInput};
-use engine::kv::{PagedKvCacheManager, PagedKvConfig};
+use engine::kv::{KvEventSink, PagedKvCacheManager, PagedKvConfig};
 use engine::scheduler::{self, SchedulerConfig};
 use engine::{EngineConfig, EngineError, EngineHandle, LlmEngine, RequestOutput, RequestStream};
 use futures_util::StreamExt;
@@ -44,12 +44,14 @@ pub struct EngineBackend {
 impl EngineBackend {
     /// Builds the engine from the model file `reader` reads (the executor
     /// takes the weights a layer at a time into its own formats; the CPU's
-    /// matrices in `cpu_types`) and starts its thread.
+    /// matrices in `cpu_types`) and starts its thread. With `kv_events` the
+    /// engine records its KV cache events and hands them to it every step.
     pub fn start(
         reader: &model_loader::WeightReader,
         cpu_types: model_loader::WeightTypes,
         eos_token_ids: Vec<u32>,
         opts: &EngineOptions,
+        kv_events: Option<Box<dyn KvEventSink>>,
     ) -> anyhow::Result<Self> {
         let input = WeightInput::File { reader, cpu_types };
         let built = build_executor(reader.config().clone(), input, &opts.executor)
@@ -60,7 +62,7 @@ impl EngineBackend {
         let mut kv_cfg = PagedKvConfig::new(opts.block_size, gpu_blocks, cpu_blocks);
         kv_cfg.enable_prefix_caching = opts.enable_prefix_caching;
         let kv = PagedKvCacheManager::new(kv_cfg).context("building the KV cache manager")?;
-        let engine = LlmEngine::new(
+        let mut engine = LlmEngine::new(
             EngineConfig {
                 scheduler: opts.scheduler.clone(),
                 eos_token_ids,
@@ -68,6 +70,9 @@ impl EngineBackend {
             Box::new(kv),
             executor,
         )?;
+        if let Some(sink) = kv_events {
+            engine.set_kv_event_sink(sink);
+        }
         let handle = EngineHandle::spawn(engine, opts.handle)?;
         Ok(Self {
             handle,

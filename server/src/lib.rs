@@ -16,6 +16,7 @@ pub mod engine_backend;
 pub mod error;
 pub mod generate;
 pub mod http;
+pub mod kv_events;
 pub mod metrics;
 pub mod protocol;
 pub mod response;
