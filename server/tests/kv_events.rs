@@ -9,7 +9,8 @@
 //! vLLM's types; the live batches are numbered without gaps and equal the
 //! replay socket's copies byte for byte; each prompt's full blocks are
 //! stored as a chain from a `None` parent whose token ids, in parent order,
-//! are the prompt's; blocks are removed once the cache is full, only after
+//! are the prompt's; a block completed while decoding is stored under a
+//! parent stored before; blocks are removed once the cache is full, only after
 //! being stored; applied in order the events never store a present hash
 //! nor remove an absent one, and leave at most the pool's 40 blocks.
 
@@ -116,7 +117,9 @@ fn events_follow_real_requests() {
         let r = common::post(
             server.addr,
             "/v1/completions",
-            &json!({"prompt": p, "max_tokens": 4, "temperature": 0}),
+            // 12 tokens: the first 10 written after the prompt complete a
+            // 10th block, stored alone with the prompt's last as parent.
+            &json!({"prompt": p, "max_tokens": 12, "temperature": 0, "ignore_eos": true}),
         );
         assert_eq!(r.status, 200, "{}", r.body);
     }
@@ -185,6 +188,8 @@ fn check(doc: &Value, prompts: &[Vec<u32>]) {
     let mut present: HashSet<u64> = HashSet::new();
     let mut stored: Vec<Block> = Vec::new();
     let mut removed = 0usize;
+    let mut ever: HashSet<u64> = HashSet::new();
+    let mut with_parent = 0usize;
     for b in replay {
         let batch = &b[1];
         assert_eq!(batch["data_parallel_rank"], 0);
@@ -204,7 +209,12 @@ fn check(doc: &Value, prompts: &[Vec<u32>]) {
                     let tokens = u64s(&ev["token_ids"]);
                     assert_eq!(tokens.len(), hashes.len() * BLOCK);
                     let mut parent = ev["parent_block_hash"].as_u64();
+                    if let Some(p) = parent {
+                        assert!(ever.contains(&p), "parent {p} was never stored");
+                        with_parent += 1;
+                    }
                     for (h, t) in hashes.iter().zip(tokens.chunks(BLOCK)) {
+                        ever.insert(*h);
                         assert!(present.insert(*h), "{h} stored while present");
                         stored.push((*h, parent, t.iter().map(|&x| x as u32).collect()));
                         parent = Some(*h);
@@ -234,6 +244,10 @@ fn check(doc: &Value, prompts: &[Vec<u32>]) {
         PROMPTS * full_blocks
     );
 
+    assert!(
+        with_parent >= PROMPTS,
+        "each request's decode completes a block stored under a parent: {with_parent}"
+    );
     eprintln!(
         "kv events: {} batches ({} live), {} blocks stored, {removed} removed, {} findable at the end",
         replay.len(),
