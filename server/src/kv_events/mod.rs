@@ -39,6 +39,12 @@
 //! Messages: `[topic, seq (8 bytes, big-endian), payload]`; replay as in
 //! vLLM (see `publisher`).
 //!
+//! Block hashes are ours (chained SipHash, `engine::kv::hash_block`), not
+//! vLLM's (sha256 over CBOR by default): consistent within this replica's
+//! stream and across our replicas, so a router that keys on the published
+//! hashes and token ids (Dynamo's does) follows us, but one that recomputes
+//! vLLM's hash from a prompt's tokens to look blocks up will not match.
+//!
 //! Wire format choice: vLLM switched its *events* from arrays to tagged
 //! maps in mid-2026 (vllm-project/vllm#42892; the outer batch stays an
 //! array). Every router that reads the maps also reads the arrays (they
@@ -157,7 +163,8 @@ impl KvEventsConfig {
         let mut de = serde_json::Deserializer::from_str(s);
         let cfg: Self = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
-            if path.is_empty() || path == "." {
+            // `.` is the root, `?` a place serde_path_to_error cannot name.
+            if path.is_empty() || path == "." || path == "?" {
                 e.inner().to_string()
             } else {
                 format!("`{path}`: {}", e.inner())

@@ -120,6 +120,7 @@ fn bad_configs_name_the_field() {
         for w in *want {
             assert!(e.contains(w), "{json}: `{w}` missing from: {e}");
         }
+        assert!(!e.contains("`?`") && !e.contains("`.`"), "{json}: {e}");
     }
 }
 
