@@ -6,6 +6,7 @@ use crate::cli::{
 };
 use crate::engine_backend::{EngineBackend, EngineOptions};
 use crate::http::{self, AppState};
+use crate::metrics::CacheConfigInfo;
 use anyhow::{bail, Context};
 use engine::engine_loop::HandleConfig;
 use engine::executor::gpu::DType;
@@ -183,6 +184,20 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         name,
         args.http.api_key.clone(),
     );
+    state.metrics.set_cache_config(CacheConfigInfo {
+        block_size: limits.block_size,
+        num_gpu_blocks: limits.num_gpu_blocks,
+        num_cpu_blocks: limits.num_cpu_blocks,
+        num_gpu_blocks_override: args.engine.num_gpu_blocks_override,
+        enable_prefix_caching: args.engine.enable_prefix_caching,
+        cache_dtype: match args.engine.kv_cache_dtype {
+            KvCacheDtypeArg::Auto => "auto",
+            KvCacheDtypeArg::Float16 => "float16",
+            KvCacheDtypeArg::Float32 => "float32",
+        },
+        gpu_memory_utilization: args.engine.gpu_memory_utilization,
+        swap_space: args.engine.swap_space,
+    });
     state.max_body_bytes = args.http.max_body_bytes;
     state.cors = crate::cors::Cors::from_flags(
         args.http.allowed_origins.clone(),
