@@ -2,7 +2,8 @@
 //! the `generate` command.
 
 use crate::cli::{
-    DeviceArg, DtypeArg, EngineArgs, GenerateArgs, KvCacheDtypeArg, PreemptionArg, ServeArgs,
+    DeviceArg, DtypeArg, EngineArgs, GenerateArgs, GenerationConfigArg, KvCacheDtypeArg,
+    PreemptionArg, ServeArgs,
 };
 use crate::engine_backend::{EngineBackend, EngineOptions};
 use crate::http::{self, AppState};
@@ -13,7 +14,7 @@ use engine::executor::gpu::DType;
 use engine::executor::{DeviceKind, ExecutorRequest};
 use engine::model::KvDtype;
 use engine::scheduler::{PreemptionMode, SchedulerConfig};
-use model_loader::{ChatMessage, ModelInfo, WeightReader};
+use model_loader::{ChatMessage, GenerationDefaults, ModelInfo, WeightReader};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -134,6 +135,27 @@ fn start_engine(
         .context("cannot start the engine")
 }
 
+/// The sampling defaults `--generation-config` asks for.
+fn generation_defaults(
+    arg: &GenerationConfigArg,
+    info: &ModelInfo,
+) -> anyhow::Result<GenerationDefaults> {
+    let d = match arg {
+        GenerationConfigArg::Auto => info.generation_defaults,
+        GenerationConfigArg::Vllm => GenerationDefaults::default(),
+        GenerationConfigArg::Dir(dir) => GenerationDefaults::from_dir(dir)
+            .with_context(|| format!("--generation-config {}", dir.display()))?,
+    };
+    if !d.is_empty() {
+        tracing::info!(
+            ?d,
+            "default sampling parameters from the model's generation config \
+             (a request's own values win; --generation-config vllm turns this off)"
+        );
+    }
+    Ok(d)
+}
+
 /// Sizes the forward pass's pool and rayon's (sampling, grammar masks).
 fn set_threads(threads: Option<usize>) {
     if let Some(n) = threads {
@@ -158,6 +180,7 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         stall_timeout: Duration::from_secs_f64(args.http.stream_stall_timeout),
     };
     let backend = start_engine(&args.engine, reader, &info, handle)?;
+    let defaults = generation_defaults(&args.engine.generation_config, &info)?;
     let ModelInfo {
         tokenizer,
         chat_template,
@@ -198,6 +221,7 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         gpu_memory_utilization: args.engine.gpu_memory_utilization,
         swap_space: args.engine.swap_space,
     });
+    state.generation_defaults = defaults;
     state.max_body_bytes = args.http.max_body_bytes;
     state.cors = crate::cors::Cors::from_flags(
         args.http.allowed_origins.clone(),
