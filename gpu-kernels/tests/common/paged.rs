@@ -1,6 +1,10 @@
 //! A paged KV cache with shuffled physical blocks and the f64 attention reference.
 
-use super::TestRng;
+use super::{poisoned, TestRng, BF16};
+use gpu_kernels::attention::paged_attention_v2_reduce;
+use gpu_kernels::decode::paged_attention_v2;
+use gpu_kernels::device::emu::launch;
+use gpu_kernels::launch::LaunchConfig;
 use gpu_kernels::Storage;
 
 /// A paged KV cache with ragged sequences placed in shuffled physical blocks.
@@ -121,4 +125,74 @@ pub fn window_lo(pos: usize, window: u32) -> usize {
     } else {
         (pos + 1).saturating_sub(window as usize)
     }
+}
+
+/// A split-K decode plan's launch geometry and partitioning.
+pub struct V2Plan {
+    pub attention: LaunchConfig,
+    pub reduce: LaunchConfig,
+    pub partition_size: u32,
+    pub max_partitions: u32,
+}
+
+/// Launches `paged_attention_v2` then its reduce on the emulator, as an
+/// executor would for `plan`, over bf16 `kv` and `q` (`[seqs, heads, D]`);
+/// the scratch starts as NaN and the output poisoned, so a slot the kernels
+/// skip shows. Returns the output.
+pub fn run_v2<const D: usize>(
+    kv: &Paged<BF16>,
+    q: &[BF16],
+    heads: usize,
+    scale: f32,
+    plan: &V2Plan,
+    window: u32,
+) -> Vec<BF16> {
+    let seqs = kv.ctx.len();
+    let slots = seqs * heads * plan.max_partitions as usize;
+    let (mut tmp, mut ml, mut es) = (
+        vec![f32::NAN; slots * D],
+        vec![f32::NAN; slots],
+        vec![f32::NAN; slots],
+    );
+    let mut out = poisoned::<BF16>(seqs * heads * D);
+    let (tp, mp, ep, o) = (
+        tmp.as_mut_ptr(),
+        ml.as_mut_ptr(),
+        es.as_mut_ptr(),
+        out.as_mut_ptr(),
+    );
+    let (qp, kp, vp, bt, cl) = (
+        q.as_ptr(),
+        kv.k.as_ptr(),
+        kv.v.as_ptr(),
+        kv.tables.as_ptr(),
+        kv.ctx.as_ptr(),
+    );
+    let (ps, mps) = (plan.partition_size, plan.max_partitions);
+    // SAFETY: buffers sized for the plan; they outlive both launches.
+    unsafe {
+        launch(plan.attention, || {
+            paged_attention_v2::<BF16, D>(
+                tp,
+                mp,
+                ep,
+                qp,
+                kp,
+                vp,
+                bt,
+                cl,
+                heads as u32,
+                kv.kv_heads as u32,
+                scale,
+                kv.block_size as u32,
+                kv.max_blocks as u32,
+                ps,
+                window,
+            )
+        });
+        launch(plan.reduce, || {
+            paged_attention_v2_reduce::<BF16, D>(o, tp, mp, ep, cl, ps, mps)
+        });
+    }
+    out
 }
