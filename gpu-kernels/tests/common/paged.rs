@@ -4,7 +4,8 @@ use super::{poisoned, TestRng, BF16};
 use gpu_kernels::attention::paged_attention_v2_reduce;
 use gpu_kernels::decode::paged_attention_v2;
 use gpu_kernels::device::emu::launch;
-use gpu_kernels::launch::LaunchConfig;
+use gpu_kernels::launch::{self as geom, LaunchConfig};
+use gpu_kernels::prefill_mma::prefill_attention_mma;
 use gpu_kernels::Storage;
 
 /// A paged KV cache with ragged sequences placed in shuffled physical blocks.
@@ -194,5 +195,53 @@ pub fn run_v2<const D: usize>(
             paged_attention_v2_reduce::<BF16, D>(o, tp, mp, ep, cl, ps, mps)
         });
     }
+    out
+}
+
+/// Launches the tensor-core prefill (`prefill_attention_mma`) on the
+/// emulator over `kv` and the query rows `q` (`[tokens, heads, D]`, sequence
+/// `s`'s rows from `query_start_loc[s]`), `threads` per block; returns the
+/// output, poisoned where the kernel writes nothing.
+pub fn run_prefill_mma<T: Storage, const D: usize>(
+    kv: &Paged<T>,
+    q: &[T],
+    query_start_loc: &[u32],
+    heads: usize,
+    scale: f32,
+    threads: u32,
+    window: u32,
+) -> Vec<T> {
+    let (tokens, seqs) = (q.len() / (heads * D), kv.ctx.len());
+    let mut out = poisoned::<T>(tokens * heads * D);
+    let (o, qp, kp, vp, bt, cl, ql) = (
+        out.as_mut_ptr(),
+        q.as_ptr(),
+        kv.k.as_ptr(),
+        kv.v.as_ptr(),
+        kv.tables.as_ptr(),
+        kv.ctx.as_ptr(),
+        query_start_loc.as_ptr(),
+    );
+    let cfg = geom::prefill_mma(tokens as u32, seqs as u32, heads as u32, D as u32, threads);
+    // SAFETY: buffers sized as the kernel's contract requires; they outlive the launch.
+    unsafe {
+        launch(cfg, || {
+            prefill_attention_mma::<T, D>(
+                o,
+                qp,
+                kp,
+                vp,
+                bt,
+                cl,
+                ql,
+                seqs as u32,
+                kv.kv_heads as u32,
+                scale,
+                kv.block_size as u32,
+                kv.max_blocks as u32,
+                window,
+            )
+        })
+    };
     out
 }
