@@ -2,7 +2,7 @@
 //!
 //! `cargo bench -p engine --bench gpu_host [-- SEQS STEPS [--sampled]
 //! [--penalties]]` (defaults 256, 64; `--sampled`: temperature 0.8, top_p
-//! 0.95 instead of greedy, drawn on the device by `Executor::execute_sampled`;
+//! 0.95 instead of greedy, drawn on the device (`Sampling::Device`);
 //! `--penalties`: also repetition 1.1, frequency 0.2 and presence 0.1, with
 //! the token counts kept on the device, filled at each sequence's first draw)
 //!

@@ -1,7 +1,7 @@
 //! Paged attention kernels on the emulator against an f64 reference.
 mod common;
 
-use common::paged::Paged;
+use common::paged::{run_v2, Paged, V2Plan};
 use common::{assert_close, poisoned, TestRng, BF16, F16, THREADS};
 use gpu_kernels::attention::{paged_attention_v2_reduce, prefill_attention};
 use gpu_kernels::decode::{paged_attention_v1, paged_attention_v2};
@@ -365,51 +365,13 @@ fn planned_decode_runs() {
     else {
         panic!("2 sequences on 4 SMs should split");
     };
-    let slots = ctx.len() * heads * max_partitions as usize;
-    let (mut tmp, mut ml, mut es) = (
-        vec![f32::NAN; slots * D],
-        vec![f32::NAN; slots],
-        vec![f32::NAN; slots],
-    );
-    let mut out = poisoned::<BF16>(ctx.len() * heads * D);
-    let (tp, mp, ep, o) = (
-        tmp.as_mut_ptr(),
-        ml.as_mut_ptr(),
-        es.as_mut_ptr(),
-        out.as_mut_ptr(),
-    );
-    let (qp, kp, vp, bt, cl) = (
-        q.as_ptr(),
-        kv.k.as_ptr(),
-        kv.v.as_ptr(),
-        kv.tables.as_ptr(),
-        kv.ctx.as_ptr(),
-    );
-    // SAFETY: buffers sized for the plan; they outlive both launches.
-    unsafe {
-        launch(attention, || {
-            paged_attention_v2::<BF16, D>(
-                tp,
-                mp,
-                ep,
-                qp,
-                kp,
-                vp,
-                bt,
-                cl,
-                heads as u32,
-                kv_heads as u32,
-                scale,
-                bs as u32,
-                max_blocks as u32,
-                partition_size,
-                0,
-            )
-        });
-        launch(reduce, || {
-            paged_attention_v2_reduce::<BF16, D>(o, tp, mp, ep, cl, partition_size, max_partitions)
-        });
-    }
+    let plan = V2Plan {
+        attention,
+        reduce,
+        partition_size,
+        max_partitions,
+    };
+    let out = run_v2::<D>(&kv, &q, heads, scale, &plan, 0);
     assert_close(
         &format!("planned v2 partition {partition_size} ctx={ctx:?}"),
         r.seed,

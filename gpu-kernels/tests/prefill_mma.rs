@@ -4,10 +4,8 @@
 //! block sizes 8/16/32, GQA, head sizes 16/64/80/96/128/256, bf16 and f16.
 mod common;
 
-use common::paged::Paged;
-use common::{poisoned, TestRng, BF16, F16};
-use gpu_kernels::device::emu::launch;
-use gpu_kernels::prefill_mma::prefill_attention_mma;
+use common::paged::{run_prefill_mma, Paged};
+use common::{TestRng, BF16, F16};
 use gpu_kernels::{launch as geom, Storage};
 
 /// 4 warps: 64-row query tiles, as on the GPU.
@@ -55,43 +53,7 @@ fn mma_case<T: Storage, const D: usize>(
             }
         }
     }
-    let mut out = poisoned::<T>(tokens * heads * D);
-    let (o, qp, kp, vp, bt, cl, ql) = (
-        out.as_mut_ptr(),
-        q.as_ptr(),
-        kv.k.as_ptr(),
-        kv.v.as_ptr(),
-        kv.tables.as_ptr(),
-        kv.ctx.as_ptr(),
-        qsl.as_ptr(),
-    );
-    let cfg = geom::prefill_mma(
-        tokens as u32,
-        ctx.len() as u32,
-        heads as u32,
-        D as u32,
-        THREADS,
-    );
-    // SAFETY: buffers sized as the kernel's contract requires; they outlive the launch.
-    unsafe {
-        launch(cfg, || {
-            prefill_attention_mma::<T, D>(
-                o,
-                qp,
-                kp,
-                vp,
-                bt,
-                cl,
-                ql,
-                ctx.len() as u32,
-                kv_heads as u32,
-                scale,
-                bs as u32,
-                max_blocks as u32,
-                0,
-            )
-        })
-    };
+    let out = run_prefill_mma::<T, D>(&kv, &q, &qsl, heads, scale, THREADS, 0);
     let (atol, rtol) = tol::<T>();
     let what = format!(
         "prefill_mma {} D={D} bs={bs} heads={heads}/{kv_heads} shapes={shapes:?}",

@@ -10,12 +10,11 @@
 //! windowed (fewer) partitions.
 mod common;
 
-use common::paged::{window_lo, Paged};
+use common::paged::{run_prefill_mma, run_v2, window_lo, Paged, V2Plan};
 use common::{assert_close, poisoned, TestRng, BF16, F16, THREADS};
 use gpu_kernels::attention::{paged_attention_v2_reduce, prefill_attention};
 use gpu_kernels::decode::{paged_attention_v1, paged_attention_v2};
 use gpu_kernels::device::emu::launch;
-use gpu_kernels::prefill_mma::prefill_attention_mma;
 use gpu_kernels::{launch as geom, Storage};
 
 /// Windows for contexts up to `max` with block size `bs`: 1, one that is not a multiple
@@ -373,43 +372,7 @@ fn mma_window_case<T: Storage, const D: usize>(
     let (atol, rtol) = mma_tol::<T>();
     for &window in windows {
         let want = prefill_reference(&kv, &q, &ctx, &qlens, &qsl, heads, D, window);
-        let mut out = poisoned::<T>(tokens * heads * D);
-        let (o, qp, kp, vp, bt, cl, ql) = (
-            out.as_mut_ptr(),
-            q.as_ptr(),
-            kv.k.as_ptr(),
-            kv.v.as_ptr(),
-            kv.tables.as_ptr(),
-            kv.ctx.as_ptr(),
-            qsl.as_ptr(),
-        );
-        let cfg = geom::prefill_mma(
-            tokens as u32,
-            ctx.len() as u32,
-            heads as u32,
-            D as u32,
-            threads,
-        );
-        // SAFETY: buffers sized as the kernel's contract requires; they outlive the launch.
-        unsafe {
-            launch(cfg, || {
-                prefill_attention_mma::<T, D>(
-                    o,
-                    qp,
-                    kp,
-                    vp,
-                    bt,
-                    cl,
-                    ql,
-                    ctx.len() as u32,
-                    kv_heads as u32,
-                    scale,
-                    bs as u32,
-                    max_blocks as u32,
-                    window,
-                )
-            })
-        };
+        let out = run_prefill_mma::<T, D>(&kv, &q, &qsl, heads, scale, threads, window);
         let what = format!(
             "prefill_mma {} D={D} bs={bs} heads={heads}/{kv_heads} shapes={shapes:?} window={window}",
             T::NAME
@@ -586,51 +549,13 @@ fn window_planned_decode_runs() {
     };
     // Fewer partitions than the longest context has: the reduce must not read past them.
     assert!(max_partitions < geom::num_partitions(ctx[0], partition_size));
-    let slots = ctx.len() * heads * max_partitions as usize;
-    let (mut tmp, mut ml, mut es) = (
-        vec![f32::NAN; slots * D],
-        vec![f32::NAN; slots],
-        vec![f32::NAN; slots],
-    );
-    let mut out = poisoned::<BF16>(ctx.len() * heads * D);
-    let (tp, mp, ep, o) = (
-        tmp.as_mut_ptr(),
-        ml.as_mut_ptr(),
-        es.as_mut_ptr(),
-        out.as_mut_ptr(),
-    );
-    let (qp, kp, vp, bt, cl) = (
-        q.as_ptr(),
-        kv.k.as_ptr(),
-        kv.v.as_ptr(),
-        kv.tables.as_ptr(),
-        kv.ctx.as_ptr(),
-    );
-    // SAFETY: buffers sized for the plan; they outlive both launches.
-    unsafe {
-        launch(attention, || {
-            paged_attention_v2::<BF16, D>(
-                tp,
-                mp,
-                ep,
-                qp,
-                kp,
-                vp,
-                bt,
-                cl,
-                heads as u32,
-                kv_heads as u32,
-                scale,
-                bs as u32,
-                max_blocks as u32,
-                partition_size,
-                window,
-            )
-        });
-        launch(reduce, || {
-            paged_attention_v2_reduce::<BF16, D>(o, tp, mp, ep, cl, partition_size, max_partitions)
-        });
-    }
+    let plan = V2Plan {
+        attention,
+        reduce,
+        partition_size,
+        max_partitions,
+    };
+    let out = run_v2::<D>(&kv, &q, heads, scale, &plan, window);
     assert_close(
         &format!(
             "planned windowed v2 partition {partition_size} x {max_partitions} ctx={ctx:?} window={window}"

@@ -5,8 +5,10 @@
 pub enum Architecture {
     /// `LlamaForCausalLM` (also GGUF `llama`).
     Llama,
-    /// `MistralForCausalLM`: Llama with (optional) sliding window; same math here.
-    Mistral,
+    /// `MistralForCausalLM`: Llama with an optional sliding window (every
+    /// layer's query sees positions `p - w + 1 ..= p`; Mistral-7B v0.1:
+    /// 4096, later versions none).
+    Mistral { sliding_window: Option<usize> },
     /// `Qwen2ForCausalLM`: Llama with biases on the q/k/v projections.
     Qwen2,
     /// Gemma 3 (text): sliding-window local layers, q/k norms, post-norms,

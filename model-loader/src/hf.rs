@@ -76,7 +76,9 @@ pub fn parse_config(v: &Value) -> Result<ModelConfig> {
         .ok_or_else(|| bad("config.json: missing architectures".into()))?;
     let architecture = match arch {
         "LlamaForCausalLM" => Architecture::Llama,
-        "MistralForCausalLM" => Architecture::Mistral,
+        "MistralForCausalLM" => Architecture::Mistral {
+            sliding_window: field_usize(v, "sliding_window")?.filter(|&w| w > 0),
+        },
         "Qwen2ForCausalLM" => Architecture::Qwen2,
         other => return Err(LoaderError::UnsupportedArchitecture(other.to_string())),
     };

@@ -15,6 +15,7 @@ pub mod chat;
 pub mod config;
 pub mod dequant;
 pub mod error;
+pub mod generation;
 pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
@@ -31,6 +32,7 @@ use std::path::Path;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Architecture, Gemma3Params, ModelConfig, RopeScaling};
 pub use error::LoaderError;
+pub use generation::GenerationDefaults;
 pub use quant::QuantType;
 pub use reader::{WeightReader, WeightTypes};
 pub use tokenizer::Tokenizer;
@@ -60,6 +62,9 @@ pub struct ModelInfo {
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
     pub format: ModelFormat,
+    /// The sampling defaults the model states (GGUF `general.sampling.*`,
+    /// or the HF directory's `generation_config.json`).
+    pub generation_defaults: GenerationDefaults,
 }
 
 fn format_of(path: &Path) -> Result<ModelFormat, LoaderError> {
@@ -160,6 +165,7 @@ pub fn load_config_and_tokenizer(path: &Path) -> Result<ModelInfo, LoaderError> 
                 tokenizer,
                 chat_template,
                 format: ModelFormat::Gguf,
+                generation_defaults: GenerationDefaults::from_gguf(&g)?,
             })
         }
         ModelFormat::HfDir => {
@@ -170,6 +176,7 @@ pub fn load_config_and_tokenizer(path: &Path) -> Result<ModelInfo, LoaderError> 
                 tokenizer,
                 chat_template,
                 format: ModelFormat::HfDir,
+                generation_defaults: GenerationDefaults::from_dir(path)?,
             })
         }
     }

@@ -2,17 +2,19 @@
 //! the `generate` command.
 
 use crate::cli::{
-    DeviceArg, DtypeArg, EngineArgs, GenerateArgs, KvCacheDtypeArg, PreemptionArg, ServeArgs,
+    DeviceArg, DtypeArg, EngineArgs, GenerateArgs, GenerationConfigArg, KvCacheDtypeArg,
+    PreemptionArg, ServeArgs,
 };
 use crate::engine_backend::{EngineBackend, EngineOptions};
 use crate::http::{self, AppState};
+use crate::metrics::CacheConfigInfo;
 use anyhow::{bail, Context};
 use engine::engine_loop::HandleConfig;
 use engine::executor::gpu::DType;
 use engine::executor::{DeviceKind, ExecutorRequest};
 use engine::model::KvDtype;
 use engine::scheduler::{PreemptionMode, SchedulerConfig};
-use model_loader::{ChatMessage, ModelInfo, WeightReader};
+use model_loader::{ChatMessage, GenerationDefaults, ModelInfo, WeightReader};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -140,6 +142,34 @@ fn start_engine(
         .context("cannot start the engine")
 }
 
+/// The sampling defaults `--generation-config` asks for.
+fn generation_defaults(
+    arg: &GenerationConfigArg,
+    info: &ModelInfo,
+) -> anyhow::Result<GenerationDefaults> {
+    let d = match arg {
+        GenerationConfigArg::Auto => info.generation_defaults,
+        GenerationConfigArg::Vllm => GenerationDefaults::default(),
+        GenerationConfigArg::Dir(dir) => GenerationDefaults::from_dir(dir)
+            .with_context(|| format!("--generation-config {}", dir.display()))?,
+    };
+    if !d.is_empty() {
+        tracing::info!(
+            ?d,
+            "default sampling parameters from the model's generation config \
+             (a request's own values win; --generation-config vllm turns this off)"
+        );
+    }
+    Ok(d)
+}
+
+/// This process's resident memory (`VmRSS`), where `/proc` says it.
+fn resident_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Sizes the forward pass's pool and rayon's (sampling, grammar masks).
 fn set_threads(threads: Option<usize>) {
     if let Some(n) = threads {
@@ -164,11 +194,19 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         stall_timeout: Duration::from_secs_f64(args.http.stream_stall_timeout),
     };
     let backend = start_engine(&args.engine, reader, &info, handle)?;
+    let defaults = generation_defaults(&args.engine.generation_config, &info)?;
     let ModelInfo {
         tokenizer,
         chat_template,
         ..
     } = info;
+    if let Some(kib) = resident_kib() {
+        tracing::info!(
+            resident_mib = kib / 1024,
+            "resident memory after startup: {} MiB",
+            kib / 1024
+        );
+    }
     let limits = crate::backend::Backend::limits(&backend);
     tracing::info!(
         blocks = limits.num_gpu_blocks,
@@ -190,6 +228,21 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         name,
         args.http.api_key.clone(),
     );
+    state.metrics.set_cache_config(CacheConfigInfo {
+        block_size: limits.block_size,
+        num_gpu_blocks: limits.num_gpu_blocks,
+        num_cpu_blocks: limits.num_cpu_blocks,
+        num_gpu_blocks_override: args.engine.num_gpu_blocks_override,
+        enable_prefix_caching: args.engine.enable_prefix_caching,
+        cache_dtype: match args.engine.kv_cache_dtype {
+            KvCacheDtypeArg::Auto => "auto",
+            KvCacheDtypeArg::Float16 => "float16",
+            KvCacheDtypeArg::Float32 => "float32",
+        },
+        gpu_memory_utilization: args.engine.gpu_memory_utilization,
+        swap_space: args.engine.swap_space,
+    });
+    state.generation_defaults = defaults;
     state.max_body_bytes = args.http.max_body_bytes;
     state.cors = crate::cors::Cors::from_flags(
         args.http.allowed_origins.clone(),

@@ -129,6 +129,8 @@ pub struct BackendLimits {
     pub max_model_len: usize,
     pub block_size: usize,
     pub num_gpu_blocks: usize,
+    /// Blocks of the host swap pool.
+    pub num_cpu_blocks: usize,
 }
 
 /// What the HTTP layer needs from an engine.

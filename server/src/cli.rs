@@ -157,6 +157,37 @@ pub enum KvCacheDtypeArg {
     Float32,
 }
 
+/// `--generation-config`: where default sampling parameters come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GenerationConfigArg {
+    /// The model's own (GGUF metadata, HF `generation_config.json`).
+    Auto,
+    /// None: the API's defaults.
+    Vllm,
+    /// `DIR/generation_config.json`.
+    Dir(PathBuf),
+}
+
+impl GenerationConfigArg {
+    fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "vllm" => Ok(Self::Vllm),
+            dir => {
+                let p = PathBuf::from(dir);
+                if p.join("generation_config.json").is_file() {
+                    Ok(Self::Dir(p))
+                } else {
+                    Err(format!(
+                        "expected auto, vllm or a folder holding generation_config.json; \
+                         {dir}/generation_config.json is not a file"
+                    ))
+                }
+            }
+        }
+    }
+}
+
 /// Largest `--block-size`. Both executors read K/V through the block table
 /// by division, so any size in `1..=MAX_BLOCK_SIZE` works on either (vLLM's
 /// GPU choices 8, 16, 32, 64, 128 are all in it); beyond 256 a sequence
@@ -258,6 +289,12 @@ pub struct EngineArgs {
     /// --gpu-memory-utilization). Range: >= 0.
     #[arg(long, global = true, value_name = "GIB", default_value_t = 1.0, value_parser = range::non_negative)]
     pub kv_cache_memory: f64,
+    /// Sampling defaults for the fields a request leaves out, as vLLM's
+    /// flag: `auto` takes the model's own (a GGUF's `general.sampling.*`
+    /// keys, an HF directory's `generation_config.json`), `vllm` none (the
+    /// API's defaults), or a folder holding a `generation_config.json`.
+    #[arg(long, global = true, value_name = "auto|vllm|DIR", default_value = "auto", value_parser = GenerationConfigArg::parse)]
+    pub generation_config: GenerationConfigArg,
     /// Exact number of KV cache blocks, overriding --kv-cache-memory. Range: >= 1.
     #[arg(long, global = true, value_name = "N", value_parser = range::positive)]
     pub num_gpu_blocks_override: Option<usize>,

@@ -80,6 +80,7 @@ impl EngineBackend {
                 max_model_len: opts.scheduler.max_model_len,
                 block_size: opts.block_size,
                 num_gpu_blocks: gpu_blocks,
+                num_cpu_blocks: cpu_blocks,
             },
         })
     }

@@ -58,6 +58,9 @@ pub struct AppState {
     /// Grammar compiler for structured outputs (built on first use).
     pub grammars: crate::structured::GrammarCache,
     next_id: AtomicU64,
+    /// Sampling defaults for fields a request leaves out
+    /// (`--generation-config`; none unless startup sets them).
+    pub generation_defaults: model_loader::GenerationDefaults,
 }
 
 impl AppState {
@@ -80,6 +83,7 @@ impl AppState {
             started: Generation::created_secs(),
             grammars: Default::default(),
             next_id: AtomicU64::new(0),
+            generation_defaults: Default::default(),
         }
     }
 
@@ -90,6 +94,7 @@ impl AppState {
             chat_template: self.chat_template.as_ref(),
             limits: self.backend.limits(),
             grammars: &self.grammars,
+            defaults: self.generation_defaults,
         }
     }
 }

@@ -1,19 +1,34 @@
-//! Prometheus metrics in the text exposition format, with vLLM's current
-//! (V1) names (`vllm:` prefix) so existing dashboards work:
-//! `vllm:kv_cache_usage_perc` (which replaced `vllm:gpu_cache_usage_perc`),
-//! `vllm:num_requests_running` / `_waiting`, `vllm:prefix_cache_queries_total`
-//! / `_hits_total`, `vllm:num_preemptions_total`, `vllm:prompt_tokens_total`,
+//! Prometheus metrics in the text exposition format (version 0.0.4), with
+//! vLLM's current (V1) names, types, HELP texts and labels
+//! (`vllm/v1/metrics/loggers.py`), so dashboards and the routers that score
+//! replicas from them (the Gateway API Inference Extension's endpoint
+//! picker, llm-d, smg, vLLM's production-stack router) read us as they read
+//! vLLM. Every sample carries vLLM's `engine="0"` and `model_name` labels.
+//!
+//! vLLM's families: the gauges `vllm:num_requests_running`,
+//! `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0..1); the info
+//! gauge `vllm:cache_config_info` (value 1, the cache configuration in its
+//! labels, Python's spelling: `True`, `None`, `0.9`); the counters
+//! `vllm:prefix_cache_queries_total` / `_hits_total` (tokens, as vLLM
+//! counts them), `vllm:num_preemptions_total`, `vllm:prompt_tokens_total`,
 //! `vllm:generation_tokens_total`, `vllm:request_success_total` by
-//! `finished_reason` (stop, length, abort), and the histograms
+//! `finished_reason` (stop, length, abort); the histograms
 //! `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`,
-//! `vllm:e2e_request_latency_seconds`. Ours beyond vLLM's list (kept under
-//! the prefix): `vllm:num_requests_swapped` (vLLM V1 has no swapping),
-//! the `mode` label of preemptions, the block counts of both pools, and
-//! `vllm:request_rejected_total` (refused at admission, e.g. 429).
+//! `vllm:e2e_request_latency_seconds` with vLLM's buckets.
+//!
+//! Ours beyond vLLM's list (same prefix and labels):
+//! `vllm:num_requests_swapped` (vLLM V1 has no swapping),
+//! `vllm:num_preemptions_by_mode_total{mode}`, the block counts of both
+//! pools, and `vllm:request_rejected_total` (refused at admission, e.g. 429).
+//!
+//! Why not the `prometheus-client` crate: it writes OpenMetrics (a counter's
+//! `# TYPE` names the family without `_total`, a closing `# EOF`), which is
+//! not what vLLM serves nor what every router's parser expects from a
+//! `text/plain; version=0.0.4` scrape. The format here is small, and the
+//! tests parse the whole of `/metrics` with the reference Python parser.
 //!
 //! Gauges and engine counters come from [`BackendStats`] at scrape time; the
-//! server records its own latency histograms (time to first token,
-//! inter-token latency, end-to-end latency) and request counters.
+//! server records its own latency histograms and request counters.
 //!
 //! Invariant: a histogram's bucket counts are cumulative and its `+Inf`
 //! bucket equals `_count`. Observing is O(buckets) under an uncontended
@@ -22,7 +37,7 @@
 use crate::backend::BackendStats;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// A fixed-bucket histogram of seconds.
 #[derive(Debug)]
@@ -75,31 +90,71 @@ impl Histogram {
         }
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let s = match self.inner.lock() {
+    fn snapshot(&self) -> HistState {
+        match self.inner.lock() {
             Ok(s) => s.clone(),
             Err(p) => p.into_inner().clone(),
-        };
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cum = 0;
-        for (b, c) in self.bounds.iter().zip(&s.counts) {
-            cum += c;
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", s.count);
-        let _ = writeln!(out, "{name}_sum {}\n{name}_count {}", s.sum, s.count);
     }
 }
 
-const TTFT_BUCKETS: [f64; 15] = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+/// vLLM's buckets for `vllm:time_to_first_token_seconds`.
+const TTFT_BUCKETS: [f64; 22] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
-const ITL_BUCKETS: [f64; 14] = [
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+/// vLLM's buckets for `vllm:inter_token_latency_seconds`.
+const ITL_BUCKETS: [f64; 19] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
 ];
-const E2E_BUCKETS: [f64; 14] = [
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0,
+/// vLLM's request latency buckets (`vllm:e2e_request_latency_seconds`).
+const E2E_BUCKETS: [f64; 21] = [
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
+
+/// The cache configuration `vllm:cache_config_info` states, fixed at
+/// startup. vLLM puts every field of its `CacheConfig` in labels; these are
+/// the ones with a meaning here, under vLLM's names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheConfigInfo {
+    pub block_size: usize,
+    pub num_gpu_blocks: usize,
+    pub num_cpu_blocks: usize,
+    /// `--num-gpu-blocks-override`.
+    pub num_gpu_blocks_override: Option<usize>,
+    pub enable_prefix_caching: bool,
+    /// `--kv-cache-dtype` as given (`auto`, `float16`, `float32`).
+    pub cache_dtype: &'static str,
+    pub gpu_memory_utilization: f64,
+    /// `--swap-space`, GiB.
+    pub swap_space: f64,
+}
+
+impl CacheConfigInfo {
+    /// The labels, values spelled as Python's `str()` spells them.
+    fn labels(&self) -> Vec<(&'static str, String)> {
+        let py_bool = |b: bool| if b { "True" } else { "False" }.to_string();
+        vec![
+            ("block_size", self.block_size.to_string()),
+            ("cache_dtype", self.cache_dtype.to_string()),
+            ("enable_prefix_caching", py_bool(self.enable_prefix_caching)),
+            (
+                "gpu_memory_utilization",
+                format!("{:?}", self.gpu_memory_utilization),
+            ),
+            ("num_cpu_blocks", self.num_cpu_blocks.to_string()),
+            ("num_gpu_blocks", self.num_gpu_blocks.to_string()),
+            (
+                "num_gpu_blocks_override",
+                self.num_gpu_blocks_override
+                    .map_or_else(|| "None".to_string(), |n| n.to_string()),
+            ),
+            ("swap_space", format!("{:?}", self.swap_space)),
+        ]
+    }
+}
 
 /// The server's own metrics.
 #[derive(Debug)]
@@ -113,6 +168,8 @@ pub struct Metrics {
     pub requests_length: AtomicU64,
     pub requests_aborted: AtomicU64,
     pub requests_rejected: AtomicU64,
+    /// Set once at startup (`vllm:cache_config_info`).
+    cache_config: OnceLock<CacheConfigInfo>,
 }
 
 impl Default for Metrics {
@@ -125,19 +182,93 @@ impl Default for Metrics {
             requests_length: AtomicU64::new(0),
             requests_aborted: AtomicU64::new(0),
             requests_rejected: AtomicU64::new(0),
+            cache_config: OnceLock::new(),
         }
     }
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, v: impl std::fmt::Display) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+/// Label value escaping of the text format: backslash, double quote, newline.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
-fn counter(out: &mut String, name: &str, help: &str, v: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-    );
+/// A `/metrics` body being written: families in the text format, each
+/// sample with the labels every vLLM metric carries.
+struct Text {
+    out: String,
+    /// `engine="0",model_name="..."`, sorted as Python's client sorts them.
+    base: String,
+}
+
+impl Text {
+    fn new(model: &str) -> Self {
+        Self {
+            out: String::new(),
+            base: format!("engine=\"0\",model_name=\"{}\"", escape(model)),
+        }
+    }
+
+    fn family(&mut self, name: &str, help: &str, kind: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    /// One sample; `extra` labels come after the base ones.
+    fn sample(&mut self, name: &str, extra: &[(&str, &str)], v: impl std::fmt::Display) {
+        let mut labels = self.base.clone();
+        for (k, val) in extra {
+            let _ = write!(labels, ",{k}=\"{}\"", escape(val));
+        }
+        let _ = writeln!(self.out, "{name}{{{labels}}} {v}");
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, v: impl std::fmt::Display) {
+        self.family(name, help, "gauge");
+        self.sample(name, &[], v);
+    }
+
+    /// A counter; `name` ends in `_total`, as vLLM's exposition names it.
+    fn counter(&mut self, name: &str, help: &str, v: u64) {
+        self.family(name, help, "counter");
+        self.sample(name, &[], v);
+    }
+
+    /// A counter with one more label, a sample per value.
+    fn counter_by(&mut self, name: &str, help: &str, label: &str, values: &[(&str, u64)]) {
+        self.family(name, help, "counter");
+        for (l, v) in values {
+            self.sample(name, &[(label, l)], v);
+        }
+    }
+
+    fn histogram(&mut self, name: &str, help: &str, h: &Histogram) {
+        let s = h.snapshot();
+        self.family(name, help, "histogram");
+        let bucket = format!("{name}_bucket");
+        let mut cum = 0;
+        for (b, c) in h.bounds.iter().zip(&s.counts) {
+            cum += c;
+            self.sample(&bucket, &[("le", &format!("{b:?}"))], cum);
+        }
+        self.sample(&bucket, &[("le", "+Inf")], s.count);
+        self.sample(&format!("{name}_sum"), &[], s.sum);
+        self.sample(&format!("{name}_count"), &[], s.count);
+    }
+
+    /// An info gauge (value 1, the facts in labels, sorted by name with
+    /// vLLM's `engine` among them; no `model_name`, as vLLM's).
+    fn info(&mut self, name: &str, help: &str, labels: &[(&'static str, String)]) {
+        self.family(name, help, "gauge");
+        let mut all: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        all.push(("engine", "0"));
+        all.sort();
+        let body: Vec<String> = all
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+            .collect();
+        let _ = writeln!(self.out, "{name}{{{}}} 1", body.join(","));
+    }
 }
 
 impl Metrics {
@@ -159,119 +290,128 @@ impl Metrics {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// States the cache configuration (`vllm:cache_config_info`); the
+    /// first call wins.
+    pub fn set_cache_config(&self, info: CacheConfigInfo) {
+        let _ = self.cache_config.set(info);
+    }
+
     /// The `/metrics` body.
     pub fn render(&self, s: &BackendStats, model: &str) -> String {
-        let mut o = String::new();
-        let _ = writeln!(o, "# served model: {model}");
-        gauge(
-            &mut o,
+        let mut t = Text::new(model);
+        t.gauge(
             "vllm:num_requests_running",
-            "Requests running on the engine.",
+            "Number of requests in model execution batches.",
             s.num_running,
         );
-        gauge(
-            &mut o,
+        t.gauge(
             "vllm:num_requests_waiting",
-            "Requests waiting to be admitted.",
+            "Number of requests waiting to be processed.",
             s.num_waiting,
         );
-        gauge(
-            &mut o,
-            "vllm:num_requests_swapped",
-            "Requests swapped to the CPU pool.",
-            s.num_swapped,
-        );
-        gauge(
-            &mut o,
+        t.gauge(
             "vllm:kv_cache_usage_perc",
-            "KV cache usage (fraction of blocks, 0..1).",
+            "KV-cache usage. 1 means 100 percent usage.",
             s.kv_usage,
         );
-        gauge(
-            &mut o,
+        if let Some(c) = self.cache_config.get() {
+            t.info(
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig",
+                &c.labels(),
+            );
+        }
+        t.counter(
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            s.prefix_cache_queries,
+        );
+        t.counter(
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            s.prefix_cache_hits,
+        );
+        t.counter(
+            "vllm:num_preemptions_total",
+            "Cumulative number of preemption from the engine.",
+            s.preemptions_swap + s.preemptions_recompute,
+        );
+        t.counter(
+            "vllm:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            s.prompt_tokens,
+        );
+        t.counter(
+            "vllm:generation_tokens_total",
+            "Number of generation tokens processed.",
+            s.generation_tokens,
+        );
+        t.counter_by(
+            "vllm:request_success_total",
+            "Count of successfully processed requests.",
+            "finished_reason",
+            &[
+                ("stop", self.requests_ok.load(Ordering::Relaxed)),
+                ("length", self.requests_length.load(Ordering::Relaxed)),
+                ("abort", self.requests_aborted.load(Ordering::Relaxed)),
+            ],
+        );
+        t.histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &self.ttft,
+        );
+        t.histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            &self.itl,
+        );
+        t.histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            &self.e2e,
+        );
+        // Ours, beyond vLLM's list.
+        t.gauge(
+            "vllm:num_requests_swapped",
+            "Number of requests swapped to the CPU pool.",
+            s.num_swapped,
+        );
+        t.counter_by(
+            "vllm:num_preemptions_by_mode_total",
+            "Preemptions, by how the preempted request was set aside.",
+            "mode",
+            &[
+                ("swap", s.preemptions_swap),
+                ("recompute", s.preemptions_recompute),
+            ],
+        );
+        t.gauge(
             "vllm:kv_cache_total_blocks",
             "Blocks in the KV cache pool.",
             s.kv_total_blocks,
         );
-        gauge(
-            &mut o,
+        t.gauge(
             "vllm:kv_cache_free_blocks",
             "Free blocks in the KV cache pool.",
             s.kv_free_blocks,
         );
-        gauge(
-            &mut o,
+        t.gauge(
             "vllm:cpu_cache_total_blocks",
             "Blocks in the CPU swap pool.",
             s.cpu_total_blocks,
         );
-        gauge(
-            &mut o,
+        t.gauge(
             "vllm:cpu_cache_free_blocks",
             "Free blocks in the CPU swap pool.",
             s.cpu_free_blocks,
         );
-        counter(
-            &mut o,
-            "vllm:prefix_cache_queries_total",
-            "Prefix cache block lookups.",
-            s.prefix_cache_queries,
-        );
-        counter(
-            &mut o,
-            "vllm:prefix_cache_hits_total",
-            "Prefix cache block hits.",
-            s.prefix_cache_hits,
-        );
-        let _ = writeln!(
-            o,
-            "# HELP vllm:num_preemptions_total Preemptions, by mode.\n# TYPE vllm:num_preemptions_total counter\n\
-             vllm:num_preemptions_total{{mode=\"swap\"}} {}\nvllm:num_preemptions_total{{mode=\"recompute\"}} {}",
-            s.preemptions_swap, s.preemptions_recompute
-        );
-        counter(
-            &mut o,
-            "vllm:prompt_tokens_total",
-            "Prompt tokens processed.",
-            s.prompt_tokens,
-        );
-        counter(
-            &mut o,
-            "vllm:generation_tokens_total",
-            "Tokens generated.",
-            s.generation_tokens,
-        );
-        let _ = writeln!(
-            o,
-            "# HELP vllm:request_success_total Finished requests, by finish reason.\n# TYPE vllm:request_success_total counter\n\
-             vllm:request_success_total{{finished_reason=\"stop\"}} {}\nvllm:request_success_total{{finished_reason=\"length\"}} {}\n\
-             vllm:request_success_total{{finished_reason=\"abort\"}} {}",
-            self.requests_ok.load(Ordering::Relaxed),
-            self.requests_length.load(Ordering::Relaxed),
-            self.requests_aborted.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut o,
+        t.counter(
             "vllm:request_rejected_total",
             "Requests refused at admission (e.g. 429: too many waiting).",
             self.requests_rejected.load(Ordering::Relaxed),
         );
-        self.ttft.render(
-            &mut o,
-            "vllm:time_to_first_token_seconds",
-            "Time to first token.",
-        );
-        self.itl.render(
-            &mut o,
-            "vllm:inter_token_latency_seconds",
-            "Time between output deltas of a sequence.",
-        );
-        self.e2e.render(
-            &mut o,
-            "vllm:e2e_request_latency_seconds",
-            "Request latency, arrival to last token.",
-        );
-        o
+        t.out
     }
 }
 
@@ -285,31 +425,82 @@ mod tests {
         for v in [0.05, 0.1, 0.5, 3.0] {
             h.observe(v);
         }
-        let mut out = String::new();
-        h.render(&mut out, "x", "help");
-        assert!(out.contains("x_bucket{le=\"0.1\"} 2\n"), "{out}");
-        assert!(out.contains("x_bucket{le=\"1\"} 3\n"), "{out}");
-        assert!(out.contains("x_bucket{le=\"+Inf\"} 4\n"), "{out}");
-        assert!(out.contains("x_sum 3.65\n"), "{out}");
-        assert!(out.contains("x_count 4\n"), "{out}");
+        let mut t = Text::new("m");
+        t.histogram("x", "help", &h);
+        let out = t.out;
+        let l = "engine=\"0\",model_name=\"m\"";
+        assert!(
+            out.contains(&format!("x_bucket{{{l},le=\"0.1\"}} 2\n")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("x_bucket{{{l},le=\"1.0\"}} 3\n")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("x_bucket{{{l},le=\"+Inf\"}} 4\n")),
+            "{out}"
+        );
+        assert!(out.contains(&format!("x_sum{{{l}}} 3.65\n")), "{out}");
+        assert!(out.contains(&format!("x_count{{{l}}} 4\n")), "{out}");
     }
 
     #[test]
-    fn render_lists_engine_numbers() {
+    fn render_lists_engine_numbers_with_vllm_labels() {
         let m = Metrics::default();
         let s = BackendStats {
             num_running: 3,
             kv_free_blocks: 17,
             preemptions_swap: 5,
+            preemptions_recompute: 2,
             ..BackendStats::default()
         };
-        let out = m.render(&s, "m");
-        assert!(out.contains("\nvllm:num_requests_running 3\n"));
-        assert!(out.contains("\nvllm:kv_cache_free_blocks 17\n"));
-        assert!(out.contains("vllm:num_preemptions_total{mode=\"swap\"} 5\n"));
+        let out = m.render(&s, "a \"b\"\\c");
+        let l = "engine=\"0\",model_name=\"a \\\"b\\\"\\\\c\"";
+        assert!(
+            out.contains(&format!("\nvllm:num_requests_running{{{l}}} 3\n")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("\nvllm:kv_cache_free_blocks{{{l}}} 17\n")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("\nvllm:num_preemptions_total{{{l}}} 7\n")),
+            "{out}"
+        );
+        assert!(out.contains(&format!(
+            "vllm:num_preemptions_by_mode_total{{{l},mode=\"swap\"}} 5\n"
+        )));
         assert!(out.contains("# TYPE vllm:time_to_first_token_seconds histogram"));
-        assert!(out.contains("\nvllm:kv_cache_usage_perc 0\n"), "{out}");
+        assert!(
+            out.contains(&format!("\nvllm:kv_cache_usage_perc{{{l}}} 0\n")),
+            "{out}"
+        );
         assert!(!out.contains("gpu_cache_usage_perc"), "{out}");
+        // Not stated until startup sets it.
+        assert!(!out.contains("cache_config_info"), "{out}");
+    }
+
+    #[test]
+    fn cache_config_info_spells_values_as_python() {
+        let m = Metrics::default();
+        m.set_cache_config(CacheConfigInfo {
+            block_size: 16,
+            num_gpu_blocks: 1024,
+            num_cpu_blocks: 0,
+            num_gpu_blocks_override: None,
+            enable_prefix_caching: true,
+            cache_dtype: "auto",
+            gpu_memory_utilization: 0.9,
+            swap_space: 4.0,
+        });
+        let out = m.render(&BackendStats::default(), "m");
+        let want = "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",\
+                    enable_prefix_caching=\"True\",engine=\"0\",gpu_memory_utilization=\"0.9\",\
+                    num_cpu_blocks=\"0\",num_gpu_blocks=\"1024\",num_gpu_blocks_override=\"None\",\
+                    swap_space=\"4.0\"} 1\n";
+        assert!(out.contains(want), "{want} in {out}");
     }
 
     #[test]
@@ -321,7 +512,9 @@ mod tests {
         m.record_finished(["length"]);
         let out = m.render(&BackendStats::default(), "m");
         for (reason, n) in [("stop", 1), ("length", 2), ("abort", 1)] {
-            let line = format!("vllm:request_success_total{{finished_reason=\"{reason}\"}} {n}\n");
+            let line = format!(
+                "vllm:request_success_total{{engine=\"0\",model_name=\"m\",finished_reason=\"{reason}\"}} {n}\n"
+            );
             assert!(out.contains(&line), "{line} in {out}");
         }
     }

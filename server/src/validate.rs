@@ -28,7 +28,7 @@ use crate::structured::{GrammarCache, ToolMode};
 use engine::error::Report;
 use engine::grammar::GrammarSpec;
 use engine::sampler::MAX_LOGPROBS;
-use model_loader::{ChatMessage, ChatTemplate, Tokenizer};
+use model_loader::{ChatMessage, ChatTemplate, GenerationDefaults, Tokenizer};
 
 /// Most prompts in one batch request.
 pub const MAX_BATCH_PROMPTS: usize = 256;
@@ -77,6 +77,23 @@ pub struct ValidationContext<'a> {
     pub limits: BackendLimits,
     /// The grammar compiler (built on the first constrained request).
     pub grammars: &'a GrammarCache,
+    /// Sampling defaults for the fields a request leaves out
+    /// (`--generation-config`).
+    pub defaults: GenerationDefaults,
+}
+
+/// The shared fields with the model's defaults filled in where the request
+/// left them out (vLLM's `--generation-config auto`: the request wins).
+fn with_defaults(mut c: CommonParams, d: &GenerationDefaults) -> CommonParams {
+    c.temperature = c.temperature.or(d.temperature);
+    c.top_p = c.top_p.or(d.top_p);
+    c.top_k = c.top_k.or(d.top_k);
+    c.min_p = c.min_p.or(d.min_p);
+    c.repetition_penalty = c.repetition_penalty.or(d.repetition_penalty);
+    c.max_tokens = c
+        .max_tokens
+        .or(d.max_tokens.map(|n| i64::try_from(n).unwrap_or(i64::MAX)));
+    c
 }
 
 pub(crate) fn check_model(
@@ -360,7 +377,7 @@ pub fn completion(
         return Err(ApiError::invalid("suffix", "suffix is not supported"));
     }
     let logprobs = nonneg("logprobs", r.logprobs)?;
-    let mut c = r.common();
+    let mut c = with_defaults(r.common(), &ctx.defaults);
     // OpenAI's completions default; chat fills the context instead.
     c.max_tokens = c.max_tokens.or(Some(16));
     let mut params = sampling(ctx, &c, logprobs)?;
@@ -513,7 +530,7 @@ pub fn chat(ctx: &ValidationContext<'_>, r: &ChatRequest) -> Result<GenerateRequ
         (true, k) => Some(k.unwrap_or(0) as usize),
         (false, None) => None,
     };
-    let c = r.common();
+    let c = with_defaults(r.common(), &ctx.defaults);
     let mut params = sampling(ctx, &c, logprobs)?;
     let tool_spec = crate::structured::tool_spec(&tool_mode, tools);
     constrain(ctx, &c, tool_spec, &mut params)?;

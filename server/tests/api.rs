@@ -342,6 +342,11 @@ fn models_and_metrics() {
     ] {
         common::metric(&body, name);
     }
-    assert!(body.contains("vllm:num_preemptions_total{mode=\"swap\"}"));
-    assert!(body.contains("vllm:num_preemptions_total{mode=\"recompute\"}"));
+    common::metric_where(&body, "vllm:num_preemptions_by_mode_total", "mode=\"swap\"");
+    common::metric_where(
+        &body,
+        "vllm:num_preemptions_by_mode_total",
+        "mode=\"recompute\"",
+    );
+    common::metric(&body, "vllm:num_preemptions_total");
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{get, metric, post_unread, start};
+use common::{get, metric, metric_where, post_unread, start};
 use serde_json::json;
 use std::io::Read;
 use std::net::TcpStream;
@@ -69,9 +69,13 @@ fn disconnect_mid_stream_frees_blocks() {
     }
     let body = get(addr, "/metrics").body;
     assert_eq!(metric(&body, "vllm:num_requests_running"), 0.0);
-    assert!(
-        body.contains("vllm:request_success_total{finished_reason=\"abort\"} 1"),
-        "{body}"
+    assert_eq!(
+        metric_where(
+            &body,
+            "vllm:request_success_total",
+            "finished_reason=\"abort\""
+        ),
+        1.0
     );
 }
 

@@ -121,6 +121,8 @@ fn cpu(
     cpu_executor(model, req, description)
 }
 
+const MIB: f64 = 1024.0 * 1024.0;
+
 /// The CPU executor of a loaded model, its pools sized by `req`.
 pub fn cpu_executor(
     model: CpuModel,
@@ -139,7 +141,13 @@ pub fn cpu_executor(
         CpuExecutor::with_kv_dtype(model, gpu_blocks, cpu_blocks, req.block_size, kv_dtype)?;
     Ok(BuiltExecutor {
         executor: Box::new(executor),
-        description: format!("{description}, KV cache {}", kv_dtype.name()),
+        description: format!(
+            "{description}, KV cache {}: pool {:.0} MiB and swap pool {:.0} MiB reserved, \
+             resident only as blocks are written",
+            kv_dtype.name(),
+            (gpu_blocks * per_block) as f64 / MIB,
+            (cpu_blocks * per_block) as f64 / MIB,
+        ),
     })
 }
 
@@ -294,7 +302,7 @@ mod tests {
         let b = build(&r).expect("auto");
         assert_eq!(b.executor.num_blocks().0, 4);
         assert!(
-            b.description.ends_with("KV cache float32"),
+            b.description.contains("KV cache float32: pool"),
             "{}",
             b.description
         );
@@ -302,7 +310,7 @@ mod tests {
         let b = cpu_executor(m, &r, "cpu".into()).expect("f16");
         assert_eq!(b.executor.num_blocks().0, 8);
         assert!(
-            b.description.ends_with("KV cache float16"),
+            b.description.contains("KV cache float16: pool"),
             "{}",
             b.description
         );

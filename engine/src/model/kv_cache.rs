@@ -152,11 +152,31 @@ pub struct Kv<E> {
     pub v: Vec<E>,
 }
 
+/// `n` zeros of `E`, from the allocator's zeroed memory: a large pool is
+/// fresh `mmap`ed pages that become resident only when a block is written
+/// (`vec![f16::ZERO; n]` would write, and so touch, every page: `Vec` knows
+/// only the primitive types are zero bits).
+fn zeroed_vec<E: KvElem>(n: usize) -> Vec<E> {
+    if n == 0 || std::mem::size_of::<E>() == 0 {
+        return Vec::new();
+    }
+    let layout = std::alloc::Layout::array::<E>(n).expect("KV pool size overflows");
+    // SAFETY: `layout` has a non-zero size (checked above).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<E>();
+    if ptr.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of
+    // `[E; n]` (so `Vec`'s own dealloc matches); every `E` (sealed: f32 or
+    // f16) is valid as all-zero bits, which is `E::default()` (+0.0).
+    unsafe { Vec::from_raw_parts(ptr, n, n) }
+}
+
 impl<E: KvElem> Kv<E> {
     fn zeroed(n: usize) -> Self {
         Self {
-            k: vec![E::default(); n],
-            v: vec![E::default(); n],
+            k: zeroed_vec(n),
+            v: zeroed_vec(n),
         }
     }
 
@@ -364,6 +384,17 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zeroed_pools_read_as_zeros() {
+        for n in [0, 1, 7, 1 << 20] {
+            let h: Vec<f16> = zeroed_vec(n);
+            assert_eq!(h.len(), n);
+            assert!(h.iter().all(|&x| x == f16::default() && x.to_bits() == 0));
+            let f: Vec<f32> = zeroed_vec(n);
+            assert!(f.iter().all(|&x| x.to_bits() == 0));
+        }
+    }
 
     fn geom(num_blocks: usize) -> KvGeometry {
         KvGeometry {

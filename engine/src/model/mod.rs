@@ -20,8 +20,8 @@
 //!   (the fork-join pool).
 //! - [`batch`]: validation of a `ForwardBatch` (typed errors, no panics).
 //!
-//! Gemma 3's sliding window is applied on its local layers; Mistral's is not
-//! (full causal attention), which is exact for contexts up to the window.
+//! Sliding windows: Gemma 3's on its local layers, Mistral's (when its
+//! config states one) on every layer.
 
 pub mod arch;
 pub mod attention;

@@ -73,11 +73,10 @@ pub fn uniform(seed: u64, seq_index: usize, step: usize, token: u32) -> f32 {
     philox::token_uniform(seed, seq_index as u32, step as u32, token)
 }
 
-/// Draws one token for `ctx` from `row`.
 /// True when [`sample_row`] takes its plain greedy path and returns nothing
 /// but the token and its logprob (no penalties, no top logprobs, no stop-id
 /// suppression before `min_tokens`): then an executor's on-device argmax
-/// (`Executor::execute_greedy`) gives the same answer. Keep in step with
+/// (`Sampling::Greedy`) gives the same answer. Keep in step with
 /// `sample_row` when a new parameter changes the logits.
 pub fn greedy_on_device(p: &SamplingParams, output_len: usize) -> bool {
     p.is_greedy()
@@ -86,6 +85,7 @@ pub fn greedy_on_device(p: &SamplingParams, output_len: usize) -> bool {
         && output_len >= p.min_tokens
 }
 
+/// Draws one token for `ctx` from `row`.
 pub fn sample_row(row: &[f32], ctx: &SeqContext<'_>) -> SampleOut {
     let p = ctx.params;
     let max = max_ignoring_nan(row);

@@ -1,6 +1,11 @@
 //! A paged KV cache with shuffled physical blocks and the f64 attention reference.
 
-use super::TestRng;
+use super::{poisoned, TestRng, BF16};
+use gpu_kernels::attention::paged_attention_v2_reduce;
+use gpu_kernels::decode::paged_attention_v2;
+use gpu_kernels::device::emu::launch;
+use gpu_kernels::launch::{self as geom, LaunchConfig};
+use gpu_kernels::prefill_mma::prefill_attention_mma;
 use gpu_kernels::Storage;
 
 /// A paged KV cache with ragged sequences placed in shuffled physical blocks.
@@ -121,4 +126,122 @@ pub fn window_lo(pos: usize, window: u32) -> usize {
     } else {
         (pos + 1).saturating_sub(window as usize)
     }
+}
+
+/// A split-K decode plan's launch geometry and partitioning.
+pub struct V2Plan {
+    pub attention: LaunchConfig,
+    pub reduce: LaunchConfig,
+    pub partition_size: u32,
+    pub max_partitions: u32,
+}
+
+/// Launches `paged_attention_v2` then its reduce on the emulator, as an
+/// executor would for `plan`, over bf16 `kv` and `q` (`[seqs, heads, D]`);
+/// the scratch starts as NaN and the output poisoned, so a slot the kernels
+/// skip shows. Returns the output.
+pub fn run_v2<const D: usize>(
+    kv: &Paged<BF16>,
+    q: &[BF16],
+    heads: usize,
+    scale: f32,
+    plan: &V2Plan,
+    window: u32,
+) -> Vec<BF16> {
+    let seqs = kv.ctx.len();
+    let slots = seqs * heads * plan.max_partitions as usize;
+    let (mut tmp, mut ml, mut es) = (
+        vec![f32::NAN; slots * D],
+        vec![f32::NAN; slots],
+        vec![f32::NAN; slots],
+    );
+    let mut out = poisoned::<BF16>(seqs * heads * D);
+    let (tp, mp, ep, o) = (
+        tmp.as_mut_ptr(),
+        ml.as_mut_ptr(),
+        es.as_mut_ptr(),
+        out.as_mut_ptr(),
+    );
+    let (qp, kp, vp, bt, cl) = (
+        q.as_ptr(),
+        kv.k.as_ptr(),
+        kv.v.as_ptr(),
+        kv.tables.as_ptr(),
+        kv.ctx.as_ptr(),
+    );
+    let (ps, mps) = (plan.partition_size, plan.max_partitions);
+    // SAFETY: buffers sized for the plan; they outlive both launches.
+    unsafe {
+        launch(plan.attention, || {
+            paged_attention_v2::<BF16, D>(
+                tp,
+                mp,
+                ep,
+                qp,
+                kp,
+                vp,
+                bt,
+                cl,
+                heads as u32,
+                kv.kv_heads as u32,
+                scale,
+                kv.block_size as u32,
+                kv.max_blocks as u32,
+                ps,
+                window,
+            )
+        });
+        launch(plan.reduce, || {
+            paged_attention_v2_reduce::<BF16, D>(o, tp, mp, ep, cl, ps, mps)
+        });
+    }
+    out
+}
+
+/// Launches the tensor-core prefill (`prefill_attention_mma`) on the
+/// emulator over `kv` and the query rows `q` (`[tokens, heads, D]`, sequence
+/// `s`'s rows from `query_start_loc[s]`), `threads` per block; returns the
+/// output, poisoned where the kernel writes nothing.
+pub fn run_prefill_mma<T: Storage, const D: usize>(
+    kv: &Paged<T>,
+    q: &[T],
+    query_start_loc: &[u32],
+    heads: usize,
+    scale: f32,
+    threads: u32,
+    window: u32,
+) -> Vec<T> {
+    let (tokens, seqs) = (q.len() / (heads * D), kv.ctx.len());
+    let mut out = poisoned::<T>(tokens * heads * D);
+    let (o, qp, kp, vp, bt, cl, ql) = (
+        out.as_mut_ptr(),
+        q.as_ptr(),
+        kv.k.as_ptr(),
+        kv.v.as_ptr(),
+        kv.tables.as_ptr(),
+        kv.ctx.as_ptr(),
+        query_start_loc.as_ptr(),
+    );
+    let cfg = geom::prefill_mma(tokens as u32, seqs as u32, heads as u32, D as u32, threads);
+    // SAFETY: buffers sized as the kernel's contract requires; they outlive the launch.
+    unsafe {
+        launch(cfg, || {
+            prefill_attention_mma::<T, D>(
+                o,
+                qp,
+                kp,
+                vp,
+                bt,
+                cl,
+                ql,
+                seqs as u32,
+                kv.kv_heads as u32,
+                scale,
+                kv.block_size as u32,
+                kv.max_blocks as u32,
+                window,
+            )
+        })
+    };
+    out
 }

@@ -241,7 +241,19 @@ fn config_variants() {
     v["head_dim"] = json!(8);
     v["tie_word_embeddings"] = json!(false);
     let c = parse_config(&v).unwrap();
-    assert_eq!(c.architecture, Architecture::Mistral);
+    assert_eq!(
+        c.architecture,
+        Architecture::Mistral {
+            sliding_window: None
+        }
+    );
+    v["sliding_window"] = json!(4096);
+    assert_eq!(
+        parse_config(&v).unwrap().architecture,
+        Architecture::Mistral {
+            sliding_window: Some(4096)
+        }
+    );
     assert_eq!(c.head_dim, 8);
     assert!(!c.tie_word_embeddings);
     assert_eq!(

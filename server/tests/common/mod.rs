@@ -22,15 +22,15 @@ pub struct TestServer {
 /// Starts the server with the default model and `extra` CLI flags; it runs
 /// on its own runtime thread until the test process exits.
 pub fn start(extra: &[&str]) -> TestServer {
-    let mut argv = vec![
-        "server",
-        "--api-key",
-        API_KEY,
-        "--max-model-len",
-        "512",
-        "--threads",
-        "2",
-    ];
+    let mut argv = vec!["--api-key", API_KEY];
+    argv.extend_from_slice(extra);
+    start_open(&argv)
+}
+
+/// As [`start`], without an API key (for clients such as a router that
+/// send none).
+pub fn start_open(extra: &[&str]) -> TestServer {
+    let mut argv = vec!["server", "--max-model-len", "512", "--threads", "2"];
     argv.extend_from_slice(extra);
     let cli = Cli::try_parse_from(argv).expect("test flags parse");
     let state =
@@ -219,10 +219,29 @@ pub fn get(addr: SocketAddr, path: &str) -> Resp {
 
 /// The value of a metric line `name value` in a `/metrics` body.
 pub fn metric(body: &str, name: &str) -> f64 {
+    metric_where(body, name, "")
+}
+
+/// The value of the first sample of `name` whose labels contain `label`
+/// (`key="value"`; empty: any labels).
+pub fn metric_where(body: &str, name: &str, label: &str) -> f64 {
     body.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("metric {name} missing in:\n{body}"))
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.strip_prefix('{') {
+                Some(r) => {
+                    let (labels, v) = r.split_once("} ")?;
+                    if !labels.split(',').any(|p| label.is_empty() || p == label) {
+                        return None;
+                    }
+                    v
+                }
+                None => rest.strip_prefix(' ')?,
+            };
+            value.trim().parse().ok()
+        })
+        .unwrap_or_else(|| panic!("metric {name} {label} missing in:\n{body}"))
 }
 
 /// Sends an authorized JSON `POST` on a fresh connection and returns the

@@ -1,7 +1,7 @@
 //! Llama, Mistral and Qwen2: the pre-norm decoder with rotary attention and
 //! a SiLU-gated MLP. Qwen2's q/k/v biases ride in the fused q/k/v layer;
-//! Mistral's sliding window is not applied (full causal attention, exact
-//! for contexts up to the window).
+//! Mistral's sliding window (when its config states one) applies to every
+//! layer's attention.
 //!
 //! ```text
 //! x = embed(ids)
@@ -91,7 +91,7 @@ impl<F: Format> Llama<F> {
                 layer,
                 rope: &self.rope,
                 scale: 1.0 / (d.head_dim as f32).sqrt(),
-                window: None,
+                window: self.window(),
             };
             b.attention(Act::Attn, Act::Qkv, &attn)?;
             b.linear(Act::Residual, Act::Attn, &l.o, true)?;
@@ -101,6 +101,14 @@ impl<F: Format> Llama<F> {
             b.linear(Act::Residual, Act::Gated, &l.down, true)?;
         }
         b.logits(Act::Residual, &self.ends.final_norm, self.ends.head(), eps)
+    }
+
+    /// Keys each query sees (`None`: all before it).
+    fn window(&self) -> Option<usize> {
+        match self.config.architecture {
+            model_loader::Architecture::Mistral { sliding_window } => sliding_window,
+            _ => None,
+        }
     }
 
     pub(super) fn matrices(&self) -> Vec<&F::Matrix> {
