@@ -4,7 +4,10 @@
 //! [--penalties]]` (defaults 256, 64; `--sampled`: temperature 0.8, top_p
 //! 0.95 instead of greedy, drawn on the device (`Sampling::Device`);
 //! `--penalties`: also repetition 1.1, frequency 0.2 and presence 0.1, with
-//! the token counts kept on the device, filled at each sequence's first draw)
+//! the token counts kept on the device, filled at each sequence's first draw;
+//! `--kv-events`: instead of eager against graphs, two graph runs with prefix
+//! caching on, KV cache events off against on (a counting sink), so the
+//! cost of recording and handing over events shows per step)
 //!
 //! The real engine loop (scheduler, paged KV manager, GPU executor, sampler,
 //! postprocessing) runs SmolLM2-135M's shapes in bf16 on a
@@ -40,7 +43,8 @@ use engine::{EngineConfig, LlmEngine};
 use model_loader::{Architecture, LayerWeights, ModelConfig, ModelWeights, Tensor};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::BufRead;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Counts heap allocations (calls and bytes) of the whole process.
@@ -191,6 +195,8 @@ fn median(v: &mut [f64]) -> f64 {
 /// One engine of the comparison, with its device's counters.
 struct Run {
     name: &'static str,
+    /// KV cache events the sink received (`--kv-events`).
+    published: Arc<AtomicU64>,
     engine: LlmEngine,
     counters: CountersHandle,
     times: Vec<f64>,
@@ -199,8 +205,36 @@ struct Run {
     t0: engine::engine_loop::StepTimings,
 }
 
+/// Prefix caching and KV cache events of a run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Events {
+    /// Prefix caching off (the default comparison: eager against graphs).
+    NoCache,
+    /// Prefix caching on, no events recorded.
+    Off,
+    /// Prefix caching on, every event handed to a counting sink.
+    On,
+}
+
+/// A sink that counts events, as cheap as the server's publisher's
+/// non-blocking queue push is (the encoding and the socket run on the
+/// publisher's own thread).
+struct CountingSink(Arc<AtomicU64>);
+
+impl engine::kv::KvEventSink for CountingSink {
+    fn publish(&mut self, events: Vec<engine::kv::KvEvent>) {
+        self.0.fetch_add(events.len() as u64, Ordering::Relaxed);
+    }
+}
+
 /// The engine over a counting device, every prompt submitted and prefilled.
-fn start(name: &'static str, lens: &[usize], blocks: usize, graphs: bool) -> (Run, usize) {
+fn start(
+    name: &'static str,
+    lens: &[usize],
+    blocks: usize,
+    graphs: bool,
+    events: Events,
+) -> (Run, usize) {
     let seqs = lens.len();
     let config = smollm2_config();
     let dev = CountingDevice::new(141 << 30);
@@ -217,7 +251,7 @@ fn start(name: &'static str, lens: &[usize], blocks: usize, graphs: bool) -> (Ru
         .expect("GPU executor on the counting device")
         .with_cuda_graphs(seqs, !graphs);
     let mut kv_cfg = PagedKvConfig::new(BLOCK, blocks, 0);
-    kv_cfg.enable_prefix_caching = false;
+    kv_cfg.enable_prefix_caching = events != Events::NoCache;
     let kv = PagedKvCacheManager::new(kv_cfg).expect("KV manager");
     let cfg = EngineConfig {
         scheduler: SchedulerConfig {
@@ -229,6 +263,10 @@ fn start(name: &'static str, lens: &[usize], blocks: usize, graphs: bool) -> (Ru
         eos_token_ids: vec![0],
     };
     let mut engine = LlmEngine::new(cfg, Box::new(kv), Box::new(exec)).expect("engine");
+    let published = Arc::new(AtomicU64::new(0));
+    if events == Events::On {
+        engine.set_kv_event_sink(Box::new(CountingSink(Arc::clone(&published))));
+    }
     for (i, &len) in lens.iter().enumerate() {
         let prompt = (0..len as u32)
             .map(|j| (j * 7919 + i as u32 * 104_729) % VOCAB as u32)
@@ -261,6 +299,7 @@ fn start(name: &'static str, lens: &[usize], blocks: usize, graphs: bool) -> (Ru
     let (c0, t0) = (counters.get(), engine.timings());
     let run = Run {
         name,
+        published,
         engine,
         counters,
         times: Vec::new(),
@@ -345,9 +384,19 @@ fn main() {
         .iter()
         .map(|l| (l + OUTPUT).div_ceil(BLOCK) + 1)
         .sum::<usize>();
-    let (eager, prefill_steps) = start("eager (--enforce-eager)", &lens, blocks, false);
-    let (graphs, _) = start("CUDA graphs", &lens, blocks, true);
-    let mut runs = [eager, graphs];
+    let kv_events = std::env::args().any(|a| a == "--kv-events");
+    let (a, prefill_steps, b) = if kv_events {
+        let (a, p) = start("graphs, events off", &lens, blocks, true, Events::Off);
+        let (b, _) = start("graphs, events on", &lens, blocks, true, Events::On);
+        (a, p, b)
+    } else {
+        let (a, p) = start("eager (--enforce-eager)", &lens, blocks, false, Events::NoCache);
+        let (b, _) = start("CUDA graphs", &lens, blocks, true, Events::NoCache);
+        (a, p, b)
+    };
+    let mut runs = [a, b];
+    let before = runs[1].published.load(Ordering::Relaxed);
+    let t0 = Instant::now();
     // Interleaved, so that both modes see the same machine load.
     let cpu0 = cpu_seconds();
     for _ in 0..steps {
@@ -379,5 +428,16 @@ fn main() {
     }
     if let Some(cpu) = cpu {
         println!("process CPU us per decode step, both modes averaged (10 ms ticks): {cpu:.0}");
+    }
+    if kv_events {
+        let during = runs[1].published.load(Ordering::Relaxed) - before;
+        let secs = t0.elapsed().as_secs_f64() / 2.0;
+        println!(
+            "KV cache events: {} during prefill, {during} over the {steps} decode steps \
+             ({:.1} per step, {:.0} per second of the events-on run's wall time)",
+            before,
+            during as f64 / steps as f64,
+            during as f64 / secs
+        );
     }
 }
