@@ -19,13 +19,16 @@ pub mod generation;
 pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
-pub mod paths;
 pub mod quant;
 pub mod reader;
 pub mod safetensors_io;
 pub mod tiny;
 pub mod tokenizer;
 pub mod weights;
+
+/// Where fetched and generated artifacts live (the `model-paths` crate, which
+/// `xtask` uses without this one).
+pub use model_paths as paths;
 
 use std::path::Path;
 

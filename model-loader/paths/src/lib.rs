@@ -3,6 +3,11 @@
 //! `$PAGED_ENGINE_CACHE` when set, else `$XDG_CACHE_HOME/paged-engine`, else
 //! `~/.cache/paged-engine`. `cargo xtask fetch-model` fills it; the server and
 //! the tests read from it.
+//!
+//! Its own crate with no dependencies (re-exported as `model_loader::paths`) so
+//! that `xtask`, which downloads into it, builds without the model loader or the
+//! engine: a newcomer's first `cargo xtask fetch-model` compiles only xtask's
+//! few dependencies.
 
 use std::path::PathBuf;
 
