@@ -390,7 +390,13 @@ fn main() {
         let (b, _) = start("graphs, events on", &lens, blocks, true, Events::On);
         (a, p, b)
     } else {
-        let (a, p) = start("eager (--enforce-eager)", &lens, blocks, false, Events::NoCache);
+        let (a, p) = start(
+            "eager (--enforce-eager)",
+            &lens,
+            blocks,
+            false,
+            Events::NoCache,
+        );
         let (b, _) = start("CUDA graphs", &lens, blocks, true, Events::NoCache);
         (a, p, b)
     };
