@@ -7,6 +7,7 @@ use crate::cli::{
 };
 use crate::engine_backend::{EngineBackend, EngineOptions};
 use crate::http::{self, AppState};
+use crate::kv_events::publisher::PublisherStats;
 use crate::metrics::CacheConfigInfo;
 use anyhow::{bail, Context};
 use engine::engine_loop::HandleConfig;
@@ -128,7 +129,7 @@ fn start_engine(
     reader: WeightReader,
     info: &ModelInfo,
     handle: HandleConfig,
-) -> anyhow::Result<EngineBackend> {
+) -> anyhow::Result<(EngineBackend, Option<Arc<PublisherStats>>)> {
     let opts = engine_options(engine, info.config.max_position_embeddings, handle);
     let eos = info.tokenizer.eos_token_ids().to_vec();
     let kv_events = match &engine.kv_events_config {
@@ -138,8 +139,11 @@ fn start_engine(
     if kv_events.is_some() && !engine.enable_prefix_caching {
         tracing::warn!("KV events are on but prefix caching is off: no block will be reported");
     }
-    EngineBackend::start(&reader, weight_types(engine.dtype), eos, &opts, kv_events)
-        .context("cannot start the engine")
+    let stats = kv_events.as_ref().map(|s| s.stats());
+    let sink = kv_events.map(|s| Box::new(s) as Box<dyn engine::kv::KvEventSink>);
+    let backend = EngineBackend::start(&reader, weight_types(engine.dtype), eos, &opts, sink)
+        .context("cannot start the engine")?;
+    Ok((backend, stats))
 }
 
 /// The sampling defaults `--generation-config` asks for.
@@ -193,7 +197,7 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         stream_capacity: args.http.stream_buffer,
         stall_timeout: Duration::from_secs_f64(args.http.stream_stall_timeout),
     };
-    let backend = start_engine(&args.engine, reader, &info, handle)?;
+    let (backend, kv_event_stats) = start_engine(&args.engine, reader, &info, handle)?;
     let defaults = generation_defaults(&args.engine.generation_config, &info)?;
     let ModelInfo {
         tokenizer,
@@ -243,6 +247,9 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         swap_space: args.engine.swap_space,
     });
     state.generation_defaults = defaults;
+    if let Some(stats) = kv_event_stats {
+        state.metrics.set_kv_events(stats);
+    }
     state.max_body_bytes = args.http.max_body_bytes;
     state.cors = crate::cors::Cors::from_flags(
         args.http.allowed_origins.clone(),
@@ -330,7 +337,7 @@ pub fn run_generate(engine: &EngineArgs, args: GenerateArgs) -> anyhow::Result<(
         max_waiting: 16,
         ..HandleConfig::default()
     };
-    let backend = start_engine(engine, reader, &info, handle)?;
+    let (backend, _) = start_engine(engine, reader, &info, handle)?;
     let out = generate_text(&backend, tokenizer, prompt, args.max_tokens)?;
     println!("{out}");
     crate::backend::Backend::shutdown(&backend);

@@ -35,9 +35,10 @@
 //! mutex; rendering is O(buckets).
 
 use crate::backend::BackendStats;
+use crate::kv_events::publisher::PublisherStats;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// A fixed-bucket histogram of seconds.
 #[derive(Debug)]
@@ -170,6 +171,8 @@ pub struct Metrics {
     pub requests_rejected: AtomicU64,
     /// Set once at startup (`vllm:cache_config_info`).
     cache_config: OnceLock<CacheConfigInfo>,
+    /// The KV event publisher's counters, with `--kv-events-config`.
+    kv_events: OnceLock<Arc<PublisherStats>>,
 }
 
 impl Default for Metrics {
@@ -183,6 +186,7 @@ impl Default for Metrics {
             requests_aborted: AtomicU64::new(0),
             requests_rejected: AtomicU64::new(0),
             cache_config: OnceLock::new(),
+            kv_events: OnceLock::new(),
         }
     }
 }
@@ -294,6 +298,11 @@ impl Metrics {
     /// first call wins.
     pub fn set_cache_config(&self, info: CacheConfigInfo) {
         let _ = self.cache_config.set(info);
+    }
+
+    /// Reports the KV event publisher's counters; the first call wins.
+    pub fn set_kv_events(&self, stats: Arc<PublisherStats>) {
+        let _ = self.kv_events.set(stats);
     }
 
     /// The `/metrics` body.
@@ -411,6 +420,19 @@ impl Metrics {
             "Requests refused at admission (e.g. 429: too many waiting).",
             self.requests_rejected.load(Ordering::Relaxed),
         );
+        if let Some(k) = self.kv_events.get() {
+            t.counter(
+                "vllm:kv_events_published_batches_total",
+                "KV cache event batches sent on the publisher's socket.",
+                k.published.load(Ordering::Relaxed),
+            );
+            t.counter(
+                "vllm:kv_events_dropped_batches_total",
+                "KV cache event batches dropped because the publisher's queue was full \
+                 (their sequence numbers are skipped).",
+                k.dropped.load(Ordering::Relaxed),
+            );
+        }
         t.out
     }
 }

@@ -154,6 +154,18 @@ fn events_follow_real_requests() {
     assert!(status.success(), "subscriber failed: {stderr}\n{stdout}");
     let doc: Value = serde_json::from_str(stdout.trim()).expect("one JSON document");
     check(&doc, &prompts);
+    // The publisher's counters on /metrics: every batch sent, none dropped.
+    let metrics = common::get(server.addr, "/metrics").body;
+    let sent = common::metric(&metrics, "vllm:kv_events_published_batches_total");
+    let received = doc["live"].as_array().map_or(0, Vec::len) as f64;
+    assert!(
+        sent >= received && sent > 0.0,
+        "{sent} sent, {received} received"
+    );
+    assert_eq!(
+        common::metric(&metrics, "vllm:kv_events_dropped_batches_total"),
+        0.0
+    );
 }
 
 fn u64s(v: &Value) -> Vec<u64> {

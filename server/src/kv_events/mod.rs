@@ -55,7 +55,6 @@
 pub mod publisher;
 pub mod wire;
 
-use engine::kv::KvEventSink;
 use serde::Deserialize;
 
 /// vLLM's `KVEventsConfig` (the JSON of `--kv-events-config`).
@@ -227,7 +226,7 @@ impl KvEventsConfig {
 
 /// Starts the publisher when the configuration asks for one; the sink goes
 /// to the engine. Fails (naming the field) when a socket cannot be bound.
-pub fn start(cfg: &KvEventsConfig) -> anyhow::Result<Option<Box<dyn KvEventSink>>> {
+pub fn start(cfg: &KvEventsConfig) -> anyhow::Result<Option<publisher::ZmqSink>> {
     if !cfg.active() {
         if cfg.enable_kv_cache_events {
             tracing::info!("KV events enabled with the null publisher: nothing is published");
@@ -243,8 +242,7 @@ pub fn start(cfg: &KvEventsConfig) -> anyhow::Result<Option<Box<dyn KvEventSink>
     let pc = cfg
         .publisher_config()
         .map_err(|e| anyhow::anyhow!("--kv-events-config: {e}"))?;
-    let sink = publisher::start(pc)?;
-    Ok(Some(Box::new(sink)))
+    Ok(Some(publisher::start(pc)?))
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 use super::publisher::Attach;
 use super::*;
+use engine::kv::KvEventSink;
 
 #[test]
 fn defaults_are_vllms() {
