@@ -19,7 +19,9 @@
 //! Ours beyond vLLM's list (same prefix and labels):
 //! `vllm:num_requests_swapped` (vLLM V1 has no swapping),
 //! `vllm:num_preemptions_by_mode_total{mode}`, the block counts of both
-//! pools, and `vllm:request_rejected_total` (refused at admission, e.g. 429).
+//! pools, `vllm:request_rejected_total` (refused at admission, e.g. 429),
+//! and with `--kv-events-config` the publisher's
+//! `vllm:kv_events_published_batches_total` / `_dropped_batches_total`.
 //!
 //! Why not the `prometheus-client` crate: it writes OpenMetrics (a counter's
 //! `# TYPE` names the family without `_total`, a closing `# EOF`), which is
