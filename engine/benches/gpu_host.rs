@@ -43,7 +43,7 @@ use engine::{EngineConfig, LlmEngine};
 use model_loader::{Architecture, LayerWeights, ModelConfig, ModelWeights, Tensor};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::BufRead;
-use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -223,7 +223,7 @@ struct CountingSink(Arc<AtomicU64>);
 
 impl engine::kv::KvEventSink for CountingSink {
     fn publish(&mut self, events: Vec<engine::kv::KvEvent>) {
-        self.0.fetch_add(events.len() as u64, Ordering::Relaxed);
+        self.0.fetch_add(events.len() as u64, Relaxed);
     }
 }
 
@@ -401,7 +401,7 @@ fn main() {
         (a, p, b)
     };
     let mut runs = [a, b];
-    let before = runs[1].published.load(Ordering::Relaxed);
+    let before = runs[1].published.load(Relaxed);
     let t0 = Instant::now();
     // Interleaved, so that both modes see the same machine load.
     let cpu0 = cpu_seconds();
@@ -436,7 +436,7 @@ fn main() {
         println!("process CPU us per decode step, both modes averaged (10 ms ticks): {cpu:.0}");
     }
     if kv_events {
-        let during = runs[1].published.load(Ordering::Relaxed) - before;
+        let during = runs[1].published.load(Relaxed) - before;
         let secs = t0.elapsed().as_secs_f64() / 2.0;
         println!(
             "KV cache events: {} during prefill, {during} over the {steps} decode steps \

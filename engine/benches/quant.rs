@@ -35,11 +35,7 @@ const DECODE_CTX: usize = 192;
 const ROUNDS: usize = 7;
 
 fn rss_bytes() -> usize {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
-        .map_or(0, |kb| kb * 1024)
+    model_loader::memory::status_kib("VmRSS").map_or(0, |kib| kib as usize * 1024)
 }
 
 /// Returns freed heap pages to the OS (glibc's `malloc_trim`), so resident

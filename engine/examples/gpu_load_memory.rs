@@ -11,13 +11,9 @@ use engine::executor::gpu::{CountingDevice, DType, GpuExecutor, GpuOptions, KvSi
 use engine::model::FileSource;
 use model_loader::{WeightReader, WeightTypes};
 
-/// A field of /proc/self/status in MiB (Linux).
+/// A field of /proc/self/status in MiB (Linux; NaN elsewhere).
 fn status_mib(field: &str) -> f64 {
-    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    text.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
+    model_loader::memory::status_kib(field).map_or(f64::NAN, |kib| kib as f64 / 1024.0)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -44,8 +40,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         path.display(),
         t.elapsed().as_secs_f64(),
         counters.get().upload_bytes as f64 / (1 << 20) as f64,
-        status_mib("VmHWM:"),
-        status_mib("VmRSS:"),
+        status_mib("VmHWM"),
+        status_mib("VmRSS"),
     );
     drop(exec);
     Ok(())

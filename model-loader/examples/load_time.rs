@@ -55,10 +55,7 @@ fn hash_layer(h: &mut impl Hasher, l: &LayerWeights<Weight>) {
 }
 
 fn peak_rss_mib() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024)
+    model_loader::memory::status_kib("VmHWM").map(|kib| kib / 1024)
 }
 
 /// Every tensor converted to f32 through the reader, in bounded chunks;

@@ -19,6 +19,7 @@ pub mod generation;
 pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
+pub mod memory;
 pub mod quant;
 pub mod reader;
 pub mod safetensors_io;

@@ -167,13 +167,6 @@ fn generation_defaults(
     Ok(d)
 }
 
-/// This process's resident memory (`VmRSS`), where `/proc` says it.
-fn resident_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Sizes the forward pass's pool and rayon's (sampling, grammar masks).
 fn set_threads(threads: Option<usize>) {
     if let Some(n) = threads {
@@ -204,7 +197,7 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         chat_template,
         ..
     } = info;
-    if let Some(kib) = resident_kib() {
+    if let Some(kib) = model_loader::memory::status_kib("VmRSS") {
         tracing::info!(
             resident_mib = kib / 1024,
             "resident memory after startup: {} MiB",
