@@ -92,6 +92,7 @@ fn main() {
                 enable_chunked_prefill: true,
                 preemption_mode: Default::default(),
                 async_scheduling: false,
+                speculative: None,
             },
             eos_token_ids: vec![eos],
         };

@@ -11,6 +11,7 @@ pub mod kv;
 pub mod model;
 pub mod sampler;
 pub mod scheduler;
+pub mod spec;
 
 pub use engine_loop::{EngineConfig, EngineHandle, LlmEngine, RequestOutput, RequestStream};
 pub use error::EngineError;

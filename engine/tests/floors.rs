@@ -17,8 +17,9 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("grammar", &["error"]),
     ("sampler", &["error", "grammar"]),
     ("model", &["error"]),
+    ("spec", &["error"]),
     ("executor", &["error", "kv", "model", "sampler"]),
-    ("scheduler", &["error", "kv", "grammar", "sampler"]),
+    ("scheduler", &["error", "kv", "grammar", "sampler", "spec"]),
     (
         "engine_loop",
         &[
@@ -29,6 +30,7 @@ const FLOORS: &[(&str, &[&str])] = &[
             "model",
             "executor",
             "scheduler",
+            "spec",
         ],
     ),
 ];

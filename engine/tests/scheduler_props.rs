@@ -86,6 +86,7 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         enable_chunked_prefill: true,
         preemption_mode: c.mode,
         async_scheduling: false,
+        speculative: None,
     };
     let mut sched = Scheduler::new(config).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let mut outputs: Vec<Vec<u32>> = vec![Vec::new(); c.requests.len()];
@@ -148,7 +149,10 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         sched.update_from_output(
             &mut kv,
             &out,
-            StepOutcome::Device(rows),
+            StepOutcome::Device {
+                rows,
+                spec: Vec::new(),
+            },
             &Ahead::none(),
             &mut news,
         );

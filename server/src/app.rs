@@ -60,6 +60,7 @@ pub fn engine_options(
                 PreemptionArg::Recompute => PreemptionMode::Recompute,
             },
             async_scheduling: args.async_scheduling,
+            speculative: args.speculative_config.clone(),
         },
         block_size: args.block_size,
         executor: ExecutorRequest {

@@ -120,6 +120,15 @@ pub struct BackendStats {
     pub preemptions_recompute: u64,
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
+    /// Speculative decoding's counters (`None`: speculation off).
+    pub spec: Option<SpecMetrics>,
+}
+
+/// Speculative decoding's counters and its proposals per step.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SpecMetrics {
+    pub num_speculative_tokens: usize,
+    pub stats: engine::scheduler::SpecStats,
 }
 
 /// Static facts about the engine the HTTP layer validates against.

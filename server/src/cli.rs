@@ -348,6 +348,17 @@ pub struct EngineArgs {
     /// field, a bad value or an endpoint that cannot be bound stops startup.
     #[arg(long, global = true, value_name = "JSON", value_parser = KvEventsConfig::parse)]
     pub kv_events_config: Option<KvEventsConfig>,
+    /// Speculative decoding, as vLLM's SpeculativeConfig JSON: prompt
+    /// lookup `'{"method": "ngram", "num_speculative_tokens": 4,
+    /// "prompt_lookup_max": 4, "prompt_lookup_min": 2}'`, or a draft model
+    /// with the same vocabulary `'{"method": "draft_model", "model":
+    /// "PATH", "num_speculative_tokens": 4}'`. Also `disable_by_batch_size`
+    /// (no speculation while that many requests are running or waiting).
+    /// num_speculative_tokens: 1..=16. Outputs are those without it
+    /// (greedy and seeded sampling alike); beam search requests are
+    /// refused with 400. An unknown field or a bad value stops startup.
+    #[arg(long, global = true, value_name = "JSON", value_parser = crate::spec_config::parse)]
+    pub speculative_config: Option<engine::spec::SpecConfig>,
 }
 
 /// What `serve` runs with: the engine flags and the HTTP flags.

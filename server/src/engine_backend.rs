@@ -13,13 +13,14 @@
 
 use crate::backend::{
     Backend, BackendLimits, BackendStats, EngineRequest, FinishReason, OutputStream,
-    PromptTokenLogprob, SeqDelta, StepOutput, TokenOut,
+    PromptTokenLogprob, SeqDelta, SpecMetrics, StepOutput, TokenOut,
 };
 use anyhow::Context;
-use engine::engine_loop::{EngineStats, HandleConfig, ShutdownMode};
+use engine::engine_loop::{DraftProposer, EngineStats, HandleConfig, ShutdownMode};
 use engine::executor::{build_executor, ExecutorRequest, WeightInput};
 use engine::kv::{KvEventSink, PagedKvCacheManager, PagedKvConfig};
 use engine::scheduler::{self, SchedulerConfig};
+use engine::spec::SpecMethod;
 use engine::{EngineConfig, EngineError, EngineHandle, LlmEngine, RequestOutput, RequestStream};
 use futures_util::StreamExt;
 
@@ -39,6 +40,32 @@ pub struct EngineOptions {
 pub struct EngineBackend {
     handle: EngineHandle,
     limits: BackendLimits,
+    /// `num_speculative_tokens` when speculative decoding is on.
+    spec_k: Option<usize>,
+}
+
+/// The draft model of `--speculative-config` on its own executor (the
+/// target's device request, no swap pool). A file that does not load, or a
+/// vocabulary that differs from the target's, stops startup.
+fn draft_proposer(
+    path: &std::path::Path,
+    cpu_types: model_loader::WeightTypes,
+    opts: &EngineOptions,
+    target_vocab: usize,
+) -> anyhow::Result<DraftProposer> {
+    let what = || format!("speculative config: `model` {}", path.display());
+    let reader = model_loader::WeightReader::open(path).with_context(what)?;
+    let req = ExecutorRequest {
+        swap_bytes: 0,
+        ..opts.executor
+    };
+    let input = WeightInput::File {
+        reader: &reader,
+        cpu_types,
+    };
+    let built = build_executor(reader.config().clone(), input, &req).with_context(what)?;
+    tracing::info!(draft = %path.display(), executor = %built.description, "draft model ready");
+    Ok(DraftProposer::new(built.executor, target_vocab)?)
 }
 
 impl EngineBackend {
@@ -73,9 +100,20 @@ impl EngineBackend {
         if let Some(sink) = kv_events {
             engine.set_kv_event_sink(sink);
         }
+        if let Some(SpecMethod::DraftModel { model }) =
+            opts.scheduler.speculative.as_ref().map(|s| &s.method)
+        {
+            let vocab = reader.config().vocab_size;
+            engine.set_proposer(Box::new(draft_proposer(model, cpu_types, opts, vocab)?));
+        }
         let handle = EngineHandle::spawn(engine, opts.handle)?;
         Ok(Self {
             handle,
+            spec_k: opts
+                .scheduler
+                .speculative
+                .as_ref()
+                .map(|s| s.num_speculative_tokens),
             limits: BackendLimits {
                 max_model_len: opts.scheduler.max_model_len,
                 block_size: opts.block_size,
@@ -189,6 +227,10 @@ impl Backend for EngineBackend {
             preemptions_recompute: s.preemptions_recompute,
             prompt_tokens: s.prompt_tokens,
             generation_tokens: s.generation_tokens,
+            spec: self.spec_k.map(|k| SpecMetrics {
+                num_speculative_tokens: k,
+                stats: s.spec,
+            }),
         }
     }
 

@@ -20,6 +20,7 @@ pub mod kv_events;
 pub mod metrics;
 pub mod protocol;
 pub mod response;
+pub mod spec_config;
 pub mod structured;
 pub mod tokenize;
 pub mod validate;

@@ -36,7 +36,7 @@
 //! bucket equals `_count`. Observing is O(buckets) under an uncontended
 //! mutex; rendering is O(buckets).
 
-use crate::backend::BackendStats;
+use crate::backend::{BackendStats, SpecMetrics};
 use crate::kv_events::publisher::PublisherStats;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -422,6 +422,9 @@ impl Metrics {
             "Requests refused at admission (e.g. 429: too many waiting).",
             self.requests_rejected.load(Ordering::Relaxed),
         );
+        if let Some(spec) = &s.spec {
+            spec_counters(&mut t, spec);
+        }
         if let Some(k) = self.kv_events.get() {
             t.counter(
                 "vllm:kv_events_published_batches_total",
@@ -437,6 +440,40 @@ impl Metrics {
         }
         t.out
     }
+}
+
+/// vLLM's speculative decoding counters (present only while it is on).
+fn spec_counters(t: &mut Text, spec: &SpecMetrics) {
+    let s = &spec.stats;
+    t.counter(
+        "vllm:spec_decode_num_drafts_total",
+        "Number of spec decoding drafts.",
+        s.drafts,
+    );
+    t.counter(
+        "vllm:spec_decode_num_draft_tokens_total",
+        "Number of draft tokens.",
+        s.draft_tokens,
+    );
+    t.counter(
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "Number of accepted tokens.",
+        s.accepted_tokens,
+    );
+    let positions: Vec<(String, u64)> = s
+        .accepted_per_pos
+        .iter()
+        .take(spec.num_speculative_tokens)
+        .enumerate()
+        .map(|(i, &n)| (i.to_string(), n))
+        .collect();
+    let labels: Vec<(&str, u64)> = positions.iter().map(|(p, n)| (p.as_str(), *n)).collect();
+    t.counter_by(
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "Accepted tokens per draft position.",
+        "position",
+        &labels,
+    );
 }
 
 #[cfg(test)]

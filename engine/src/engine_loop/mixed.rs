@@ -24,9 +24,24 @@ impl LlmEngine {
     pub(super) fn device_result(&self, sched: &SchedulerOutput, out: DeviceOut) -> StepOutcome {
         let targets = sched.targets.len();
         let rows = targets + sched.prompt_targets.len();
+        let greedy_rows = sched.num_logits_rows();
         match out.logits {
+            // A plain greedy step with proposals: every row reduced on the
+            // device, the proposal rows verified from them.
+            None if !sched.spec.is_empty()
+                && out.rows.len() == greedy_rows
+                && sched.prompt_targets.is_empty() =>
+            {
+                let spec = Self::verify_rows(sched, &out.rows);
+                let mut rows = out.rows;
+                rows.truncate(targets);
+                StepOutcome::Device { rows, spec }
+            }
             None if out.rows.len() == targets && sched.prompt_targets.is_empty() => {
-                StepOutcome::Device(out.rows)
+                StepOutcome::Device {
+                    rows: out.rows,
+                    spec: Vec::new(),
+                }
             }
             Some(logits)
                 if out.rows.len() == rows
@@ -87,6 +102,7 @@ impl LlmEngine {
             sampled,
             beams: self.beam_candidates(&beams, &logits),
             prompt,
+            spec: Vec::new(),
         })
     }
 }

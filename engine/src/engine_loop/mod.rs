@@ -33,10 +33,12 @@
 //! alone, plus O(vocab) per constrained or biased row to copy and mask it.
 
 mod count_slots;
+mod draft;
 mod handle;
 mod mixed;
 mod overlap;
 mod sample;
+mod verify;
 
 pub use crate::sampler::PromptLogprob;
 pub use crate::scheduler::{RequestOutput, SeqOutput};
@@ -51,6 +53,8 @@ use crate::scheduler::{
     validate_request, Ahead, Outputs, RequestId, RequestParams, SampleTarget, Scheduler,
     SchedulerConfig, SchedulerOutput, SchedulerStats, ValidRequest,
 };
+use crate::spec::{NgramProposer, ProposeInput, Proposer, SpecConfig, SpecMethod};
+pub use draft::DraftProposer;
 pub use overlap::OverlapStats;
 use overlap::{ExecWorker, InFlight, Runner};
 use std::time::{Duration, Instant};
@@ -106,6 +110,8 @@ pub struct LlmEngine {
     count_slots: count_slots::CountSlots,
     /// Where the KV manager's events go (recording is off without one).
     kv_events: Option<Box<dyn KvEventSink>>,
+    /// Speculative decoding's proposer (`None`: speculation off).
+    proposer: Option<Box<dyn Proposer>>,
 }
 
 impl LlmEngine {
@@ -131,6 +137,21 @@ impl LlmEngine {
             )));
         }
         let caps = executor.capabilities();
+        let proposer: Option<Box<dyn Proposer>> = match &config.scheduler.speculative {
+            Some(SpecConfig {
+                method:
+                    SpecMethod::Ngram {
+                        prompt_lookup_min,
+                        prompt_lookup_max,
+                    },
+                ..
+            }) => Some(Box::new(NgramProposer {
+                min: *prompt_lookup_min,
+                max: *prompt_lookup_max,
+            })),
+            // A draft model is built by the caller: `set_proposer`.
+            _ => None,
+        };
         let runner = if config.scheduler.async_scheduling {
             Runner::Worker(ExecWorker::spawn(executor)?)
         } else {
@@ -147,7 +168,47 @@ impl LlmEngine {
             grammars: GrammarStates::default(),
             count_slots: count_slots::CountSlots::new(caps.count_slots),
             kv_events: None,
+            proposer,
         })
+    }
+
+    /// Installs speculative decoding's proposer (a draft model's; the
+    /// n-gram proposer is installed from the configuration). Proposals
+    /// are made only while `SchedulerConfig::speculative` is set.
+    pub fn set_proposer(&mut self, proposer: Box<dyn Proposer>) {
+        self.proposer = Some(proposer);
+    }
+
+    /// Asks the proposer for the next step's proposals of every sequence
+    /// that may speculate (`Scheduler::spec_candidates`).
+    fn propose(&mut self) {
+        let Some(proposer) = self.proposer.as_mut() else {
+            return;
+        };
+        let candidates = self.scheduler.spec_candidates();
+        let live = self.scheduler.live_seq_ids();
+        proposer.retain(&|seq| live.contains(&seq));
+        if candidates.is_empty() {
+            return;
+        }
+        let scheduler = &self.scheduler;
+        let (ids, inputs): (Vec<_>, Vec<_>) = candidates
+            .iter()
+            .filter_map(|c| {
+                let seq = scheduler.group(c.request_id)?.seqs.first()?;
+                let input = ProposeInput {
+                    seq: c.seq_id,
+                    tokens: &seq.tokens,
+                    max: c.max,
+                };
+                Some((c.request_id, input))
+            })
+            .unzip();
+        let proposals = proposer.propose(&inputs);
+        drop(inputs);
+        for (id, p) in ids.into_iter().zip(proposals) {
+            self.scheduler.set_proposals(id, p);
+        }
     }
 
     /// Turns on the KV manager's event recording and hands every step's
@@ -246,6 +307,7 @@ impl LlmEngine {
     /// [`Self::step`] with the executor on this thread.
     fn step_direct(&mut self) -> Vec<RequestOutput> {
         let t0 = Instant::now();
+        self.propose();
         let sched = self.scheduler.schedule(self.kv.as_mut());
         let t1 = Instant::now();
         let mut outs = Outputs::default();

@@ -56,7 +56,7 @@ impl LlmEngine {
     ) -> StepOutcome {
         self.count_slots
             .step_done(matches!(result, Ok(StepOutput::Drawn(_))));
-        let rows = sched.targets.len() + sched.prompt_targets.len();
+        let rows = sched.num_logits_rows();
         match result {
             Ok(StepOutput::Drawn(out)) => self.device_result(sched, out),
             Ok(StepOutput::Logits(logits)) if logits.rows == rows => {
@@ -64,19 +64,22 @@ impl LlmEngine {
                 let (draws, beams) = self.plan_draws(&sched.targets);
                 let sampled = self.run_draws(&draws, &logits, masks);
                 let beams = self.beam_candidates(&beams, &logits);
+                let spec = self.verify_host(sched, &draws, &sampled, &logits);
                 StepOutcome::Drawn(Drawn {
                     draws,
                     sampled,
                     beams,
                     prompt,
+                    spec,
                 })
             }
             Ok(StepOutput::Logits(logits)) => {
                 StepOutcome::Failed(EngineError::Executor(ExecError::WrongAnswer(format!(
-                    "{} logits rows for {} sampled and {} prompt rows",
+                    "{} logits rows for {} sampled, {} prompt and {} proposal rows",
                     logits.rows,
                     sched.targets.len(),
-                    sched.prompt_targets.len()
+                    sched.prompt_targets.len(),
+                    rows - sched.targets.len() - sched.prompt_targets.len()
                 ))))
             }
             Err(e) => StepOutcome::Failed(e.into()),
@@ -111,7 +114,9 @@ impl LlmEngine {
     /// filled from their sequence's tokens when the device's counts do not
     /// hold them.
     fn device_rows(&mut self, sched: &SchedulerOutput) -> Option<DeviceDraws> {
-        if sched.targets.is_empty() {
+        if sched.targets.is_empty() || !sched.spec.is_empty() {
+            // Proposal rows are verified on the host (or, for plain greedy
+            // steps, from the device's greedy rows).
             return None;
         }
         // Host rows' device draws are unused: the cheapest draw.

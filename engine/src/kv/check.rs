@@ -24,8 +24,23 @@ impl PagedKvCacheManager {
                     st.table.len()
                 ));
             }
-            let want_hashes = if self.dev.cache.enabled() { n / bs } else { 0 };
-            if st.hashes.len() != want_hashes {
+            if st.provisional > n {
+                return Err(format!(
+                    "{id:?}: {} provisional of {n} tokens",
+                    st.provisional
+                ));
+            }
+            // Provisional (speculative) tokens are never hashed.
+            let settled = n - st.provisional;
+            let want_hashes = if self.dev.cache.enabled() {
+                settled / bs
+            } else {
+                0
+            };
+            // A sequence settled while swapped out hashes its new full
+            // blocks at swap-in.
+            let swapped_short = st.residence == Residence::Swapped && st.hashes.len() < want_hashes;
+            if st.hashes.len() != want_hashes && !swapped_short {
                 return Err(format!("{id:?}: {} block hashes", st.hashes.len()));
             }
             let refs = match st.residence {

@@ -125,6 +125,36 @@ pub trait KvCacheManager: Send {
     /// tokens. All or nothing: on `OutOfBlocks` nothing changed.
     fn append_slots(&mut self, seq: SeqId, tokens: &[u32]) -> Result<AppendOutcome, KvError>;
 
+    /// Reserves slots for speculative `tokens` (proposals a verification
+    /// step computes), appended like [`Self::append_slots`] but
+    /// *provisional*: a block they fill is not findable by its contents
+    /// until [`Self::settle_provisional`] keeps them, so a rejected proposal
+    /// never enters the prefix cache. The default (managers that hash
+    /// nothing) is a plain append.
+    fn append_provisional(&mut self, seq: SeqId, tokens: &[u32]) -> Result<AppendOutcome, KvError> {
+        self.append_slots(seq, tokens)
+    }
+
+    /// Keeps the first `keep` provisional tokens of `seq` (the accepted
+    /// proposals) and drops the rest: their slots are given back, a block
+    /// left empty is freed, and full blocks of kept tokens become findable.
+    fn settle_provisional(&mut self, seq: SeqId, keep: usize) -> Result<(), KvError> {
+        let _ = (seq, keep);
+        Err(KvError::InvalidConfig(
+            "this KV cache manager cannot roll back speculative tokens".into(),
+        ))
+    }
+
+    /// Drops the tokens of `seq` past its first `num_tokens` (a draft
+    /// model's cache after the target rejected its proposals). Refused
+    /// when that would cut into a block already findable by its contents.
+    fn truncate(&mut self, seq: SeqId, num_tokens: usize) -> Result<(), KvError> {
+        let _ = (seq, num_tokens);
+        Err(KvError::InvalidConfig(
+            "this KV cache manager cannot truncate a sequence".into(),
+        ))
+    }
+
     /// Replaces the last token appended to `seq` (asynchronous scheduling
     /// appends a placeholder and learns the token once the previous step's
     /// sample arrives). Fails when that token's block is already full and

@@ -93,6 +93,9 @@ pub(super) struct SeqState {
     pub(super) hashes: Vec<BlockHash>,
     pub(super) extra: Option<u64>,
     pub(super) residence: Residence,
+    /// Trailing tokens appended by [`KvCacheManager::append_provisional`]
+    /// and not yet settled: speculative proposals, never hashed.
+    pub(super) provisional: usize,
 }
 
 /// Accelerator-side bookkeeping, kept apart from the sequence map so both
@@ -241,6 +244,7 @@ impl PagedKvCacheManager {
                 hashes: hits.iter().map(|h| h.hash).collect(),
                 extra,
                 residence: Residence::Device,
+                provisional: 0,
             },
         );
         Ok(computed)
@@ -372,7 +376,7 @@ impl PagedKvCacheManager {
         if !dev.cache.enabled() {
             return;
         }
-        let full = st.tokens.len() / bs;
+        let full = (st.tokens.len() - st.provisional) / bs;
         for i in st.hashes.len()..full {
             let parent = i.checked_sub(1).map(|p| st.hashes[p]);
             let toks = &st.tokens[i * bs..(i + 1) * bs];
@@ -384,39 +388,15 @@ impl PagedKvCacheManager {
     }
 }
 
-impl KvCacheManager for PagedKvCacheManager {
-    fn block_size(&self) -> usize {
-        self.cfg.block_size
-    }
-
-    fn can_admit(&self, prompt: &[u32], num_seqs: usize, _hint: LengthHint) -> AdmitDecision {
-        self.can_admit_with_extra_key(prompt, num_seqs, None)
-    }
-
-    fn allocate(
+impl PagedKvCacheManager {
+    /// [`KvCacheManager::append_slots`], the tokens marked provisional
+    /// (never hashed until settled) or not.
+    fn append(
         &mut self,
         seq: SeqId,
-        prompt: &[u32],
-        _hint: LengthHint,
-    ) -> Result<usize, KvError> {
-        self.allocate_with_extra_key(seq, prompt, None)
-    }
-
-    fn allocate_uncached(
-        &mut self,
-        seq: SeqId,
-        prompt: &[u32],
-        _hint: LengthHint,
-    ) -> Result<usize, KvError> {
-        self.register(seq, prompt, None, false)
-    }
-
-    fn blocks_needed_to_append(&self, seq: SeqId, num_tokens: usize) -> Result<usize, KvError> {
-        let (cow, new_blocks) = self.append_plan(self.resident(seq)?, num_tokens);
-        Ok(usize::from(cow) + new_blocks)
-    }
-
-    fn append_slots(&mut self, seq: SeqId, tokens: &[u32]) -> Result<AppendOutcome, KvError> {
+        tokens: &[u32],
+        provisional: bool,
+    ) -> Result<AppendOutcome, KvError> {
         let (cow, new_blocks) = self.append_plan(self.resident(seq)?, tokens.len());
         if self.dev.pool.num_free() < usize::from(cow) + new_blocks {
             return Err(KvError::OutOfBlocks);
@@ -460,8 +440,115 @@ impl KvCacheManager for PagedKvCacheManager {
             pos = upto;
         }
         st.tokens.extend_from_slice(tokens);
+        if provisional {
+            st.provisional += tokens.len();
+        }
         Self::register_full_blocks(dev, st, bs);
         Ok(out)
+    }
+
+    /// Drops a resident sequence's tokens past `len` (none of them hashed:
+    /// the callers check): blocks left empty are released, the last one's
+    /// fill shrinks. Its slots hold stale K/V that the next append
+    /// overwrites before anything reads it.
+    fn cut(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
+        let bs = self.cfg.block_size;
+        let st = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if len >= st.tokens.len() {
+            return Ok(());
+        }
+        let keep_blocks = len.div_ceil(bs);
+        let on_device = st.residence == Residence::Device;
+        while st.table.len() > keep_blocks {
+            if let Some(b) = st.table.pop() {
+                if on_device {
+                    self.dev.release(b);
+                } else {
+                    self.cpu.release(b, false);
+                }
+            }
+        }
+        if let (true, Some(&last)) = (on_device, st.table.last()) {
+            self.dev.set_fill(last, len - (keep_blocks - 1) * bs);
+        }
+        st.tokens.truncate(len);
+        Ok(())
+    }
+}
+
+impl KvCacheManager for PagedKvCacheManager {
+    fn block_size(&self) -> usize {
+        self.cfg.block_size
+    }
+
+    fn can_admit(&self, prompt: &[u32], num_seqs: usize, _hint: LengthHint) -> AdmitDecision {
+        self.can_admit_with_extra_key(prompt, num_seqs, None)
+    }
+
+    fn allocate(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        _hint: LengthHint,
+    ) -> Result<usize, KvError> {
+        self.allocate_with_extra_key(seq, prompt, None)
+    }
+
+    fn allocate_uncached(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        _hint: LengthHint,
+    ) -> Result<usize, KvError> {
+        self.register(seq, prompt, None, false)
+    }
+
+    fn blocks_needed_to_append(&self, seq: SeqId, num_tokens: usize) -> Result<usize, KvError> {
+        let (cow, new_blocks) = self.append_plan(self.resident(seq)?, num_tokens);
+        Ok(usize::from(cow) + new_blocks)
+    }
+
+    fn append_slots(&mut self, seq: SeqId, tokens: &[u32]) -> Result<AppendOutcome, KvError> {
+        self.append(seq, tokens, false)
+    }
+
+    fn append_provisional(&mut self, seq: SeqId, tokens: &[u32]) -> Result<AppendOutcome, KvError> {
+        self.append(seq, tokens, true)
+    }
+
+    fn settle_provisional(&mut self, seq: SeqId, keep: usize) -> Result<(), KvError> {
+        // Resident, or swapped out while its step ran (asynchronous
+        // scheduling may preempt a sequence before its update).
+        let st = self.state(seq)?;
+        let keep = keep.min(st.provisional);
+        let len = st.tokens.len() - st.provisional + keep;
+        self.cut(seq, len)?;
+        let bs = self.cfg.block_size;
+        let st = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        st.provisional = 0;
+        if st.residence == Residence::Device {
+            // A swapped sequence's full blocks are hashed at swap-in.
+            Self::register_full_blocks(&mut self.dev, st, bs);
+        }
+        Ok(())
+    }
+
+    fn truncate(&mut self, seq: SeqId, num_tokens: usize) -> Result<(), KvError> {
+        let st = self.resident(seq)?;
+        if num_tokens < st.hashes.len() * self.cfg.block_size {
+            return Err(KvError::SealedToken(seq));
+        }
+        self.cut(seq, num_tokens)?;
+        if let Some(st) = self.seqs.get_mut(&seq) {
+            st.provisional = st.provisional.min(st.tokens.len());
+        }
+        Ok(())
     }
 
     fn replace_last_token(&mut self, seq: SeqId, token: u32) -> Result<(), KvError> {

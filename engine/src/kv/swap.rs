@@ -116,6 +116,8 @@ impl PagedKvCacheManager {
                     .cache
                     .register(st.table[i], hash, parent, st.extra, toks);
             }
+            // Blocks settled full while swapped out get their hashes now.
+            Self::register_full_blocks(&mut self.dev, st, bs);
         }
         for c in &copies {
             self.dev.release(c.dst);

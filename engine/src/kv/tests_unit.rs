@@ -368,3 +368,63 @@ fn events_follow_the_cache() {
     // Nothing findable: the same prompt is computed again.
     assert_eq!(admit(&mut m, 3, &[9, 9, 8, 8, 7]), 0);
 }
+
+#[test]
+fn provisional_tokens_are_never_hashed_and_roll_back() {
+    let mut m = manager(4, 8, 0, true);
+    admit(&mut m, 1, &[1, 2, 3, 4, 5, 6]);
+    let cached_before = m.cached_hashes().len();
+    assert_eq!(cached_before, 1);
+    // Six proposals fill block 1 and reach into block 2 and 3.
+    let out = m
+        .append_provisional(SeqId(1), &[7, 8, 9, 10, 11, 12])
+        .unwrap();
+    assert_eq!(out.slots.len(), 6);
+    assert_eq!(m.block_table(SeqId(1)).unwrap().len(), 3);
+    assert_eq!(
+        m.cached_hashes().len(),
+        1,
+        "a block of proposals is not findable"
+    );
+    m.check_invariants().unwrap();
+    let free_before = m.num_free_blocks();
+    // Keep two proposals: 8 tokens, two full blocks, the third block freed.
+    m.settle_provisional(SeqId(1), 2).unwrap();
+    m.check_invariants().unwrap();
+    assert_eq!(m.num_tokens(SeqId(1)), Ok(8));
+    assert_eq!(m.block_table(SeqId(1)).unwrap().len(), 2);
+    assert_eq!(m.num_free_blocks(), free_before + 1);
+    let want = hash_block(
+        Some(hash_block(None, None, &[1, 2, 3, 4])),
+        None,
+        &[5, 6, 7, 8],
+    );
+    assert!(
+        m.cached_hashes().contains(&want),
+        "the accepted block is findable"
+    );
+    assert_eq!(m.cached_hashes().len(), 2);
+    // Rejecting everything leaves the sequence as it was.
+    m.append_provisional(SeqId(1), &[9, 9, 9]).unwrap();
+    m.settle_provisional(SeqId(1), 0).unwrap();
+    m.check_invariants().unwrap();
+    assert_eq!(m.num_tokens(SeqId(1)), Ok(8));
+    assert_eq!(m.stats().used_slots, 8);
+    m.free(SeqId(1));
+    assert_eq!(m.num_free_blocks(), 8);
+}
+
+#[test]
+fn truncate_refuses_to_cut_a_hashed_block() {
+    let mut m = manager(4, 8, 0, true);
+    admit(&mut m, 1, &[1, 2, 3, 4, 5, 6]);
+    assert_eq!(m.truncate(SeqId(1), 3), Err(KvError::SealedToken(SeqId(1))));
+    m.truncate(SeqId(1), 4).unwrap();
+    m.check_invariants().unwrap();
+    assert_eq!(m.block_table(SeqId(1)).unwrap().len(), 1);
+    let mut plain = manager(4, 8, 0, false);
+    admit(&mut plain, 1, &[1, 2, 3, 4, 5, 6]);
+    plain.truncate(SeqId(1), 1).unwrap();
+    plain.check_invariants().unwrap();
+    assert_eq!(plain.num_free_blocks(), 7);
+}

@@ -8,6 +8,7 @@
 //! Cost: O(tokens + block table length) per pushed sequence.
 
 use super::sequence::{RequestId, SequenceGroup};
+use super::spec::SpecTarget;
 use crate::kv::{BlockCopy, KvCacheManager, KvError};
 use engine_core::{ForwardBatch, SeqSpan};
 
@@ -48,6 +49,9 @@ pub(crate) struct BatchBuilder {
     /// Batch rows whose logits score prompt tokens, and what they score.
     pub prompt_rows: Vec<usize>,
     pub prompt_targets: Vec<PromptTarget>,
+    /// Batch rows of speculative proposals, and whose they are.
+    pub spec_rows: Vec<usize>,
+    pub spec: Vec<SpecTarget>,
     /// Prompt tokens computed this step (first computation or recompute).
     pub prompt_tokens: usize,
 }
@@ -71,10 +75,22 @@ impl BatchBuilder {
             let start = seq.num_computed_tokens;
             let first_row = self.batch.token_ids.len();
             let end = start + num_new;
-            let tokens = &seq.tokens[start..end];
-            let outcome = kv.append_slots(seq.id, tokens)?;
+            // Past the sequence's tokens, the plan computes its proposals
+            // (speculative decoding; see `spec`).
+            let real_end = end.min(seq.tokens.len());
+            let proposals = std::mem::take(&mut seq.proposals);
+            let proposals = &proposals[..proposals.len().min(end - real_end)];
+            let tokens = &seq.tokens[start..real_end];
+            let mut outcome = kv.append_slots(seq.id, tokens)?;
+            if !proposals.is_empty() {
+                let more = kv.append_provisional(seq.id, proposals)?;
+                outcome.slots.extend(more.slots);
+                outcome.copies.extend(more.copies);
+            }
+            let end = real_end + proposals.len();
             let block_table = kv.block_table(seq.id)?.to_vec();
             self.batch.token_ids.extend_from_slice(tokens);
+            self.batch.token_ids.extend_from_slice(proposals);
             self.batch.positions.extend(start..end);
             self.batch.slot_mapping.extend_from_slice(&outcome.slots);
             self.copies.extend_from_slice(&outcome.copies);
@@ -97,12 +113,20 @@ impl BatchBuilder {
                     });
                 }
             }
-            if end == seq.tokens.len() {
-                self.batch.logits_rows.push(self.batch.token_ids.len() - 1);
+            if real_end == seq.tokens.len() {
+                let row = first_row + (real_end - 1 - start);
+                self.batch.logits_rows.push(row);
+                if !proposals.is_empty() {
+                    self.spec_rows.extend(row + 1..=row + proposals.len());
+                    self.spec.push(SpecTarget {
+                        target: self.targets.len(),
+                        proposals: proposals.to_vec(),
+                    });
+                }
                 self.targets.push(SampleTarget {
                     request_id: group.request_id,
                     seq_index,
-                    num_tokens: end,
+                    num_tokens: real_end,
                 });
             }
         }

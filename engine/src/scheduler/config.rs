@@ -47,6 +47,8 @@ pub struct SchedulerConfig {
     /// `--async-scheduling`); outputs are the same as without it. See
     /// `engine_loop::overlap`.
     pub async_scheduling: bool,
+    /// Speculative decoding (`--speculative-config`), off when `None`.
+    pub speculative: Option<crate::spec::SpecConfig>,
 }
 
 impl Default for SchedulerConfig {
@@ -58,6 +60,7 @@ impl Default for SchedulerConfig {
             enable_chunked_prefill: true,
             preemption_mode: PreemptionMode::Auto,
             async_scheduling: false,
+            speculative: None,
         }
     }
 }
@@ -81,6 +84,18 @@ impl SchedulerConfig {
                 "without chunked prefill max_num_batched_tokens ({}) must be >= max_model_len ({})",
                 self.max_num_batched_tokens, self.max_model_len
             ));
+        }
+        if let Some(spec) = &self.speculative {
+            spec.validate()?;
+            if self.async_scheduling {
+                // Scheduled ahead, a sequence is always in flight, so it
+                // would never speculate (see `scheduler::spec`).
+                return bad(
+                    "speculative decoding runs with synchronous scheduling only: \
+                     drop --async-scheduling or --speculative-config"
+                        .into(),
+                );
+            }
         }
         Ok(())
     }

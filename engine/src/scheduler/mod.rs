@@ -39,6 +39,7 @@ mod group_ops;
 mod output;
 mod phases;
 mod sequence;
+mod spec;
 mod update;
 
 pub use ahead::Ahead;
@@ -50,6 +51,7 @@ pub use sequence::{
     FinishReason, Hypothesis, PromptLogprobs, QueueKey, RequestId, RequestParams, SeqStatus,
     Sequence, SequenceGroup,
 };
+pub use spec::{SpecCandidate, SpecStats, SpecTarget};
 pub use update::{finish_reason, Draw, Drawn, StepOutcome};
 
 use crate::error::{EngineError, RequestError};
@@ -72,6 +74,8 @@ pub struct SchedulerStats {
     /// Requests refused after queueing (they could never fit).
     pub refused: u64,
     pub steps: u64,
+    /// Speculative decoding's counters.
+    pub spec: SpecStats,
 }
 
 /// What one `schedule` call decided.
@@ -85,6 +89,9 @@ pub struct SchedulerOutput {
     /// Prompt positions scored this step (`prompt_logprobs`): logits row
     /// `targets.len() + i` is the distribution of `prompt_targets[i]`.
     pub prompt_targets: Vec<PromptTarget>,
+    /// Sequences verifying proposals: their rows follow the prompt rows
+    /// (see [`SchedulerOutput::spec_rows`]).
+    pub spec: Vec<SpecTarget>,
     /// Groups removed this step with an error (never fit, KV failure).
     pub refused: Vec<(RequestId, EngineError)>,
     /// Groups preempted this step.
@@ -97,6 +104,28 @@ impl SchedulerOutput {
     /// True when there is neither a forward pass nor a block move to run.
     pub fn is_empty(&self) -> bool {
         self.batch.token_ids.is_empty() && self.ops.is_empty()
+    }
+
+    /// The logits row of each `spec` entry's first proposal: proposal `j`
+    /// of `spec[i]` is scored by row `spec_rows()[i] + j` (the rows of all
+    /// proposals follow the sampled and the prompt rows, in order).
+    pub fn spec_rows(&self) -> Vec<usize> {
+        let mut row = self.targets.len() + self.prompt_targets.len();
+        self.spec
+            .iter()
+            .map(|s| {
+                let first = row;
+                row += s.proposals.len();
+                first
+            })
+            .collect()
+    }
+
+    /// Logits rows the step asks for: sampled, prompt and proposal rows.
+    pub fn num_logits_rows(&self) -> usize {
+        self.targets.len()
+            + self.prompt_targets.len()
+            + self.spec.iter().map(|s| s.proposals.len()).sum::<usize>()
     }
 }
 
@@ -329,6 +358,14 @@ pub fn validate_request(
         });
     }
     params.sampling.validate(params.max_tokens)?;
+    if config.speculative.is_some() && params.sampling.use_beam_search {
+        return Err(RequestError::InvalidParam {
+            param: "use_beam_search",
+            reason: "beam search cannot be combined with speculative decoding \
+                     (the server runs with --speculative-config)"
+                .into(),
+        });
+    }
     if prompt.is_empty() {
         return Err(RequestError::EmptyPrompt);
     }

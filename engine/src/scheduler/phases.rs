@@ -37,7 +37,9 @@ impl Step {
     pub fn finish(mut self) -> SchedulerOutput {
         let mut batch = self.builder.batch;
         batch.logits_rows.extend(self.builder.prompt_rows);
+        batch.logits_rows.extend(self.builder.spec_rows);
         self.out.batch = batch;
+        self.out.spec = self.builder.spec;
         self.out.ops.copies = self.builder.copies;
         self.out.targets = self.builder.targets;
         self.out.prompt_targets = self.builder.prompt_targets;
@@ -62,13 +64,15 @@ impl Scheduler {
                 step.budget.add_seqs(g.num_unfinished());
             }
         }
-        for key in keys {
+        let num_keys = keys.len();
+        for (i, key) in keys.into_iter().enumerate() {
             if !self.running.contains(&key) {
                 continue; // preempted earlier in this step
             }
             let Some(plan) = self.groups.get(&key.id).and_then(|g| step.plan(g)) else {
                 continue;
             };
+            let plan = self.with_proposals(kv, step, key, plan, num_keys - i - 1);
             match self.try_fit(kv, step, key, &plan) {
                 Ok(Fit::Fits) => self.commit(kv, step, key, &plan),
                 Ok(Fit::PreemptedSelf) => {}

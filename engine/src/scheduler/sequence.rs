@@ -84,6 +84,9 @@ pub struct Sequence {
     /// Beam search: this beam's next-token candidates, waiting for the
     /// group's other beams to catch up.
     pub beam_candidates: Option<Vec<(u32, f32)>>,
+    /// Speculative decoding: tokens proposed for the next step (set just
+    /// before it is scheduled, taken when it is).
+    pub proposals: Vec<u32>,
     pub status: SeqStatus,
 }
 
@@ -97,6 +100,7 @@ impl Sequence {
             output_logprobs: Vec::new(),
             output_top_logprobs: Vec::new(),
             beam_candidates: None,
+            proposals: Vec::new(),
             status: SeqStatus::Waiting,
         }
     }
@@ -108,7 +112,7 @@ impl Sequence {
 
     /// Tokens not yet computed (the next step's work).
     pub fn num_uncomputed(&self) -> usize {
-        self.tokens.len() - self.num_computed_tokens
+        self.tokens.len().saturating_sub(self.num_computed_tokens)
     }
 
     /// Sum of the generated tokens' logprobs.

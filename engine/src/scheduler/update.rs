@@ -13,6 +13,8 @@
 //! 4. drawn tokens appended, each sequence finished when a stop rule says
 //!    so (its blocks freed at once);
 //! 5. beam steps (`beam.rs`) of the groups whose beams all have candidates;
+//! 5b. speculative decoding's accepted tokens appended and its rejected
+//!    slots rolled back (`spec.rs`);
 //! 6. a failed step's requests aborted, and sequences left scheduled ahead
 //!    of a token that was never drawn aborted.
 //!
@@ -59,14 +61,21 @@ pub struct Drawn {
     pub beams: Vec<(SampleTarget, Vec<(u32, f32)>)>,
     /// Prompt positions scored this step: `(request, position, entry)`.
     pub prompt: Vec<(RequestId, usize, PromptLogprob)>,
+    /// Per `SchedulerOutput::spec` entry, the draws after its target's,
+    /// one per accepted proposal (see `Scheduler::apply_spec`).
+    pub spec: Vec<Vec<SampleOut>>,
 }
 
 /// What a step produced, before any sequence changed.
 #[derive(Debug)]
 pub enum StepOutcome {
     /// The executor's draw per sampled row (greedy or sampled where the
-    /// logits are).
-    Device(Vec<SampleOut>),
+    /// logits are), and per `SchedulerOutput::spec` entry the draws after
+    /// its target's, one per accepted proposal.
+    Device {
+        rows: Vec<SampleOut>,
+        spec: Vec<Vec<SampleOut>>,
+    },
     /// Draws made by the host.
     Drawn(Drawn),
     /// The step failed: its requests are aborted.
@@ -78,7 +87,7 @@ impl StepOutcome {
     /// plain rows (beam rows are decided at the update).
     pub fn tokens(&self, targets: &[SampleTarget]) -> HashMap<(RequestId, usize), u32> {
         match self {
-            Self::Device(rows) => targets
+            Self::Device { rows, .. } => targets
                 .iter()
                 .zip(rows)
                 .map(|(t, r)| ((t.request_id, t.seq_index), r.token))
@@ -125,11 +134,22 @@ impl Scheduler {
         outs: &mut Outputs,
     ) {
         let broken = self.settle_ahead(kv, ahead);
-        match outcome {
-            StepOutcome::Device(rows) => self.apply_device_rows(kv, &sched.targets, rows, outs),
-            StepOutcome::Drawn(drawn) => self.apply_drawn(kv, drawn, outs),
-            StepOutcome::Failed(e) => self.fail_step(kv, sched, e, outs),
-        }
+        let spec = match outcome {
+            StepOutcome::Device { rows, spec } => {
+                self.apply_device_rows(kv, &sched.targets, rows, outs);
+                spec
+            }
+            StepOutcome::Drawn(mut drawn) => {
+                let spec = std::mem::take(&mut drawn.spec);
+                self.apply_drawn(kv, drawn, outs);
+                spec
+            }
+            StepOutcome::Failed(e) => {
+                self.fail_step(kv, sched, e, outs);
+                Vec::new()
+            }
+        };
+        self.apply_spec(kv, &sched.targets, &sched.spec, spec, outs);
         self.abort_unsettled(kv, ahead, broken, outs);
     }
 
@@ -182,6 +202,7 @@ impl Scheduler {
             sampled,
             beams,
             prompt,
+            spec: _,
         } = drawn;
         for (id, position, entry) in prompt {
             if let Some(g) = self.groups.get_mut(&id) {
@@ -220,7 +241,7 @@ impl Scheduler {
 
     /// Appends one drawn token, reports it (unless buffered) and finishes
     /// the sequence when a stop rule says so.
-    fn append_sampled(
+    pub(super) fn append_sampled(
         &mut self,
         kv: &mut dyn KvCacheManager,
         d: Draw,

@@ -226,6 +226,7 @@ impl Default for Setup {
                 enable_chunked_prefill: true,
                 preemption_mode: Default::default(),
                 async_scheduling: false,
+                speculative: None,
             },
         }
     }
