@@ -27,7 +27,7 @@ fn completions(s: &common::TestServer) -> Vec<(String, u64)> {
             let r = post(
                 s.addr,
                 "/v1/completions",
-                &json!({"model": "m", "prompt": p, "max_tokens": 24, "temperature": 0}),
+                &json!({"prompt": p, "max_tokens": 24, "temperature": 0}),
             );
             assert_eq!(r.status, 200, "{}", r.body);
             let v = r.json();
@@ -85,7 +85,7 @@ fn beam_search_is_refused_and_metrics_are_absent_without_speculation() {
     let r = post(
         s.addr,
         "/v1/completions",
-        &json!({"model": "m", "prompt": "Hi", "max_tokens": 4, "use_beam_search": true, "n": 2}),
+        &json!({"prompt": "Hi", "max_tokens": 4, "use_beam_search": true, "n": 2}),
     );
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.json()["error"]["param"], "use_beam_search", "{}", r.body);
