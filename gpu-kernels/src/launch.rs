@@ -319,6 +319,73 @@ pub const fn prefill_mma(
     }
 }
 
+/// Threads per block of the LoRA kernels ([`crate::lora`]): 4 warps, so a
+/// `lora_bgmv_shrink` block covers 4 ranks and a `lora_sgmv_*` warp 4 rows of its tile.
+pub const LORA_THREADS: u32 = 128;
+
+/// `lora_bgmv_shrink_*`: grid (rows, `ceil(max_rank / warps)`), one warp per (row,
+/// rank), no shared memory. `threads` a multiple of 32 ([`LORA_THREADS`]).
+pub const fn lora_bgmv_shrink(rows: u32, max_rank: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid: Dim3::xy(rows, max_rank.div_ceil(threads / 32)),
+        block: Dim3::x(threads),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `lora_bgmv_expand_*`: grid (rows, `ceil(out_dim / threads)`), one thread per (row,
+/// output), no shared memory.
+pub const fn lora_bgmv_expand(rows: u32, out_dim: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid: Dim3::xy(rows, out_dim.div_ceil(threads)),
+        block: Dim3::x(threads),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Blocks along grid x of the SGMV kernels: an upper bound on the row tiles of
+/// `num_segs` segments holding `rows` rows in all (`ceil(rows / SGMV_ROWS) + num_segs`;
+/// blocks past the last tile return at once).
+pub const fn lora_sgmv_tiles(rows: u32, num_segs: u32) -> u32 {
+    rows.div_ceil(crate::lora::SGMV_ROWS as u32) + num_segs
+}
+
+/// `lora_sgmv_shrink_*`: grid ([`lora_sgmv_tiles`], `ceil(max_rank / SGMV_COLS)`),
+/// static shared memory only (6.3 KB), no dynamic shared memory.
+pub const fn lora_sgmv_shrink(
+    rows: u32,
+    num_segs: u32,
+    max_rank: u32,
+    threads: u32,
+) -> LaunchConfig {
+    LaunchConfig {
+        grid: Dim3::xy(
+            lora_sgmv_tiles(rows, num_segs),
+            max_rank.div_ceil(crate::lora::SGMV_COLS as u32),
+        ),
+        block: Dim3::x(threads),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `lora_sgmv_expand_*`: grid ([`lora_sgmv_tiles`], `ceil(out_dim / SGMV_COLS)`), static
+/// shared memory only (6.3 KB).
+pub const fn lora_sgmv_expand(
+    rows: u32,
+    num_segs: u32,
+    out_dim: u32,
+    threads: u32,
+) -> LaunchConfig {
+    LaunchConfig {
+        grid: Dim3::xy(
+            lora_sgmv_tiles(rows, num_segs),
+            out_dim.div_ceil(crate::lora::SGMV_COLS as u32),
+        ),
+        block: Dim3::x(threads),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// The prefill kernel family chosen by [`choose_prefill`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillKernel {
