@@ -434,6 +434,21 @@ mod tests {
     }
 
     #[test]
+    fn lora_grids_cover_every_rank_output_and_tile() {
+        // BGMV: 4 warps take 4 ranks per block; one thread per output.
+        let c = lora_bgmv_shrink(32, 16, LORA_THREADS);
+        assert_eq!((c.grid, c.block), (Dim3::xy(32, 4), Dim3::x(128)));
+        assert_eq!(lora_bgmv_shrink(5, 1, 64).grid, Dim3::xy(5, 1));
+        assert_eq!(lora_bgmv_expand(32, 4097, 128).grid, Dim3::xy(32, 33));
+        // SGMV: segments of 1, 7, 33 and 5 rows are 1 + 1 + 3 + 1 = 6 tiles of 16 rows;
+        // the bound ceil(46 / 16) + 4 = 7 covers them.
+        assert_eq!(lora_sgmv_tiles(46, 4), 7);
+        let c = lora_sgmv_shrink(46, 4, 48, LORA_THREADS);
+        assert_eq!((c.grid, c.shared_mem_bytes), (Dim3::xy(7, 2), 0));
+        assert_eq!(lora_sgmv_expand(46, 4, 576, 64).grid, Dim3::xy(7, 18));
+    }
+
+    #[test]
     fn prefill_mma_grid_bounds_the_tiles() {
         // 3 sequences of 1, 64 and 65 tokens: 1 + 1 + 2 = 4 tiles of 64 rows; the bound
         // ceil(130 / 64) + 3 = 6 covers them.

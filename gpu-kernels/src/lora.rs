@@ -54,6 +54,15 @@
 //! plus `x`, `y` and `t`; these CUDA-core kernels sit between that and the L2 traffic
 //! above (SGMV's tile product runs on CUDA cores, not tensor cores).
 
+//! Calling them (per adapted projection, e.g. q, k and v of a fused QKV): shrink with
+//! the projection's `A` stack into `t` (`f32[rows, max_rank]`, no initialisation
+//! needed), then expand with its `B` stack into the projection's columns of the base
+//! output (`y_stride` the fused row width, `y_offset` the projection's first column),
+//! after the base GEMM has written them. Launch geometry: [`crate::launch`]'s
+//! `lora_bgmv_shrink`, `lora_bgmv_expand`, `lora_sgmv_shrink`, `lora_sgmv_expand` (with
+//! [`crate::launch::LORA_THREADS`]); `max_rank`, `rows` and `out_dim` must be at least 1
+//! (an empty grid is not a launch).
+
 // Parallel register arrays indexed by constant-bounded loops (which LLVM unrolls into
 // registers) read more plainly than zipped iterators here.
 #![allow(clippy::needless_range_loop)]
