@@ -30,20 +30,23 @@
 //!   rows share a slot): Punica's BGMV.
 //! - **SGMV** (prefill, [`sgmv_shrink`], [`sgmv_expand`]): rows come in contiguous
 //!   segments `seg_starts[g] .. seg_starts[g + 1]` that share slot `seg_idx[g]`
-//!   (negative: untouched). One block per (tile of [`SGMV_ROWS`] rows of one segment,
+//!   (negative: untouched). One block per (tile of `SGMV_WARP_ROWS * warps` rows of one
+//!   segment (16 with [`crate::launch::LORA_THREADS`]),
 //!   chunk of [`SGMV_COLS`] output columns: ranks for shrink, outputs for expand); both
 //!   are the same `NT` tile product `C = X W^T` over `k` (`in_dim` for shrink, the rank
 //!   for expand): per [`SGMV_K`]-wide step the block stages the row tile of `X` and the
 //!   adapter tile of `W` (`A[s]` rows, or `B[s]` rows) in shared memory as `f32` (16-byte
 //!   global loads when the operand's rows are whole aligned vectors), then lane `c` of
-//!   warp `w` accumulates column `c` of the tile's rows `w, w + warps, ...` (its `W`
+//!   warp `w` accumulates column `c` of the tile's rows `w * SGMV_WARP_ROWS ..` (its `W`
 //!   row held in registers for the step, the `X` values broadcast). Each adapter tile is loaded once per row
 //!   tile and used by all of its rows. Blocks map to tiles as
-//!   [`crate::prefill_mma`]'s: grid x is the bound `ceil(rows / SGMV_ROWS) + segments`,
-//!   blocks past the last tile return at once.
+//!   [`crate::prefill_mma`]'s: grid x is the bound `ceil(rows / tile rows) + segments`
+//!   ([`crate::launch::lora_sgmv_tiles`]), blocks past the last tile return at once.
 //!
-//! Shared memory: BGMV none; SGMV static `f32[(SGMV_ROWS + SGMV_COLS) * (SGMV_K + 1)]`
-//! (6.3 KB; rows padded by one word so the lanes' column reads hit distinct banks), two
+//! Shared memory: BGMV none; SGMV dynamic, [`sgmv_shared_bytes`]: `f32[SGMV_COLS *
+//! (SGMV_K + 4) + tile rows * SGMV_K]` (6.5 KB with 4 warps: the `W` tile's rows padded
+//! by 4 words so the lanes' 16-byte row reads hit distinct banks; the `X` tile
+//! unpadded, read by broadcasts), read with 16-byte `ld.shared.v4` loads, two
 //! `sync_threads` per `k` step.
 //!
 //! Cost per projection (rows `n`, rank `r`, `T` bytes `e`): shrink reads `n r in_dim e`
@@ -68,7 +71,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::device::{
-    block_dim_x, block_idx_x, block_idx_y, ld_global_nc_v4, sync_threads, thread_idx_x,
+    block_dim_x, block_idx_x, block_idx_y, dynamic_shared_mem, ld_global_nc_v4, ld_shared_v4,
+    sync_threads, thread_idx_x,
 };
 use crate::reduce::warp_sum;
 use crate::Storage;
@@ -76,15 +80,31 @@ use crate::Storage;
 /// 16-byte vectors of `x` and of `A` each lane of [`bgmv_shrink`] loads before using
 /// them (bytes in flight per lane: `2 * 16 * SHRINK_VECS`).
 pub const SHRINK_VECS: usize = 4;
-/// Rows of one segment per SGMV block.
-pub const SGMV_ROWS: usize = 16;
+/// Rows of a segment's tile per warp of an SGMV block (the tile has `SGMV_WARP_ROWS *
+/// warps` rows; each lane keeps one accumulator per row).
+pub const SGMV_WARP_ROWS: usize = 4;
 /// Output columns per SGMV block (one per lane): ranks for shrink, outputs for expand.
 pub const SGMV_COLS: usize = 32;
 /// Width of one staged `k` step of the SGMV tile product.
 pub const SGMV_K: usize = 32;
-/// Row pitch of the staged tiles, words (one word of padding: conflict-free column
-/// reads).
-const PITCH: usize = SGMV_K + 1;
+/// Row pitch of the staged `X` tile, words: its rows are read by whole warps at one
+/// address (broadcasts), so no padding.
+const X_PITCH: usize = SGMV_K;
+/// Row pitch of the staged `W` tile, words: lane `c` reads row `c` as 16-byte vectors;
+/// four words of padding put the 8 lanes of each quarter-warp phase on distinct banks.
+const W_PITCH: usize = SGMV_K + 4;
+
+/// Rows of the SGMV tile of a block of `threads` threads.
+pub const fn sgmv_tile_rows(threads: u32) -> u32 {
+    SGMV_WARP_ROWS as u32 * (threads / 32)
+}
+
+/// Dynamic shared memory of the SGMV kernels for a block of `threads` threads: the `W`
+/// tile (`SGMV_COLS` rows of `SGMV_K + 4` words) and the `X` tile (tile rows of
+/// `SGMV_K` words). 6.5 KB at 4 warps, 20.5 KB at 32.
+pub const fn sgmv_shared_bytes(threads: u32) -> u32 {
+    ((SGMV_COLS * W_PITCH) as u32 + sgmv_tile_rows(threads) * SGMV_K as u32) * 4
+}
 
 /// Whether `p` is 16-byte aligned (the vector paths' requirement).
 #[inline(always)]
@@ -250,7 +270,7 @@ pub unsafe fn bgmv_expand<T: Storage>(
     }
 }
 
-/// The SGMV tile a block serves: rows `row0 .. row0 + rows` (`rows <= SGMV_ROWS`) of one
+/// The SGMV tile a block serves: rows `row0 .. row0 + rows` (at most the tile's) of one
 /// segment, whose adapter is `slot` with rank `rank`.
 struct SegTile {
     row0: usize,
@@ -259,8 +279,8 @@ struct SegTile {
     rank: usize,
 }
 
-/// Maps `block_idx_x` to (segment, row tile), segments in order; `None` past the last
-/// tile or for a segment without an adapter (negative slot, or rank 0).
+/// Maps `block_idx_x` to (segment, row tile of `tm` rows), segments in order; `None`
+/// past the last tile or for a segment without an adapter (negative slot, or rank 0).
 ///
 /// # Safety
 /// `seg_starts`: `num_segs + 1` non-decreasing entries; `seg_idx`: `num_segs` entries,
@@ -272,6 +292,7 @@ unsafe fn seg_tile(
     ranks: *const u32,
     num_segs: u32,
     max_rank: u32,
+    tm: usize,
 ) -> Option<SegTile> {
     let mut b = block_idx_x() as usize;
     // SAFETY: per the function contract.
@@ -279,13 +300,13 @@ unsafe fn seg_tile(
         for g in 0..num_segs as usize {
             let start = *seg_starts.add(g) as usize;
             let len = *seg_starts.add(g + 1) as usize - start;
-            let n = len.div_ceil(SGMV_ROWS);
+            let n = len.div_ceil(tm);
             if b < n {
                 let (slot, rank) = adapter(*seg_idx.add(g), ranks, max_rank)?;
-                let row0 = start + b * SGMV_ROWS;
+                let row0 = start + b * tm;
                 return Some(SegTile {
                     row0,
-                    rows: (start + len - row0).min(SGMV_ROWS),
+                    rows: (start + len - row0).min(tm),
                     slot,
                     rank,
                 });
@@ -297,18 +318,19 @@ unsafe fn seg_tile(
 }
 
 /// Stages `src[row, k0 .. k0 + SGMV_K]` of rows `0 .. tile_rows` (row pitch `stride`
-/// elements) into `dst` (`f32`, row pitch [`PITCH`]), zeros for rows `>= valid_rows` and
+/// elements) into `dst` (`f32`, row pitch `pitch`), zeros for rows `>= valid_rows` and
 /// for `k >= k_len`. Thread `i` of the block takes the 16-byte vectors (`vec_ok`) or the
 /// elements `i, i + threads, ...` of the tile, `k` fastest (coalesced).
 ///
 /// # Safety
 /// Rows `< valid_rows` of `src` hold `k_len` readable elements, none written during the
 /// launch; `vec_ok` only when `stride * sizeof(S) % 16 == 0`, `src` is 16-byte aligned
-/// and `k_len <= stride`; `dst` holds `tile_rows * PITCH` words that no thread reads
+/// and `k_len <= stride`; `dst` holds `tile_rows * pitch` words that no thread reads
 /// until the next `sync_threads`.
 #[inline(always)]
 unsafe fn stage<S: Storage>(
     dst: *mut f32,
+    pitch: usize,
     tile_rows: usize,
     src: *const S,
     stride: usize,
@@ -334,7 +356,7 @@ unsafe fn stage<S: Storage>(
                     v = S::unpack(ld_global_nc_v4(src.add(row * stride + k).cast()));
                 }
                 for e in 0..vec {
-                    *dst.add(row * PITCH + kk + e) = if k + e < k_len { v[e] } else { 0.0 };
+                    *dst.add(row * pitch + kk + e) = if k + e < k_len { v[e] } else { 0.0 };
                 }
                 q += threads;
             }
@@ -343,7 +365,7 @@ unsafe fn stage<S: Storage>(
             while q < tile_rows * SGMV_K {
                 let (row, kk) = (q / SGMV_K, q % SGMV_K);
                 let k = k0 + kk;
-                *dst.add(row * PITCH + kk) = if row < valid_rows && k < k_len {
+                *dst.add(row * pitch + kk) = if row < valid_rows && k < k_len {
                     (*src.add(row * stride + k)).to_f32()
                 } else {
                     0.0
@@ -354,15 +376,16 @@ unsafe fn stage<S: Storage>(
     }
 }
 
-/// The SGMV tile product `C = X W^T` over `k < k_len`: `X` the `rows` (`<= SGMV_ROWS`)
-/// rows at `x` (pitch `x_stride`), `W` the `cols` (`<= SGMV_COLS`) rows at `w` (pitch
-/// `w_stride`). Returns lane `c`'s column of the warp's rows: entry `j` is `C[warp + j *
-/// warps, c]` (zero past `cols`; rows past `rows` are not computed). Every thread of the block must call it
-/// (block-uniform arguments): two `sync_threads` per [`SGMV_K`] step.
+/// The SGMV tile product `C = X W^T` over `k < k_len`: `X` the `rows` (at most the
+/// tile's `SGMV_WARP_ROWS * warps`) rows at `x` (pitch `x_stride`), `W` the `cols` (`<=
+/// SGMV_COLS`) rows at `w` (pitch `w_stride`). Returns lane `c`'s column of the warp's
+/// rows: entry `j` is `C[warp * SGMV_WARP_ROWS + j, c]` (zero past `cols`; rows past
+/// `rows` are not computed). Every thread of the block must call it (block-uniform
+/// arguments): two `sync_threads` per [`SGMV_K`] step.
 ///
 /// # Safety
 /// As [`stage`] for both operands (`x`: `rows` rows, `w`: `cols` rows, `k_len`
-/// elements each).
+/// elements each); dynamic shared memory of [`sgmv_shared_bytes`].
 #[inline(always)]
 unsafe fn tile_nt<X: Storage, W: Storage>(
     x: *const X,
@@ -372,36 +395,45 @@ unsafe fn tile_nt<X: Storage, W: Storage>(
     w_stride: usize,
     cols: usize,
     k_len: usize,
-) -> [f32; SGMV_ROWS] {
-    let xs = crate::shared_array!(GK_LORA_X: [f32; SGMV_ROWS * PITCH]);
-    let ws = crate::shared_array!(GK_LORA_W: [f32; SGMV_COLS * PITCH]);
+) -> [f32; SGMV_WARP_ROWS] {
     let tid = thread_idx_x() as usize;
     let (lane, warp, warps) = (tid % 32, tid / 32, block_dim_x() as usize / 32);
+    let tm = SGMV_WARP_ROWS * warps;
+    let ws = dynamic_shared_mem() as *mut f32;
+    // SAFETY: the dynamic shared memory holds the `W` tile then the `X` tile.
+    let xs = unsafe { ws.add(SGMV_COLS * W_PITCH) };
     let x_vec = x_stride.is_multiple_of(X::VEC) && aligned16(x) && k_len <= x_stride;
     let w_vec = w_stride.is_multiple_of(W::VEC) && aligned16(w) && k_len <= w_stride;
-    let mut acc = [0.0f32; SGMV_ROWS];
+    let mut acc = [0.0f32; SGMV_WARP_ROWS];
     let mut k0 = 0;
     // SAFETY: per the function contract; the tiles are written and read on opposite
     // sides of `sync_threads`, all reads inside the tiles (`lane < SGMV_COLS`, rows
-    // `< SGMV_ROWS`, `kk < SGMV_K`).
+    // `< tm`, `kk < SGMV_K`; 16-byte aligned: the pitches are multiples of 4 words).
     unsafe {
         while k0 < k_len {
-            stage(xs, SGMV_ROWS, x, x_stride, rows, k0, k_len, x_vec);
-            stage(ws, SGMV_COLS, w, w_stride, cols, k0, k_len, w_vec);
+            stage(xs, X_PITCH, tm, x, x_stride, rows, k0, k_len, x_vec);
+            stage(ws, W_PITCH, SGMV_COLS, w, w_stride, cols, k0, k_len, w_vec);
             sync_threads();
             // Lane `c`'s `W` row in registers, then each of the warp's rows (its `X`
-            // values the same address across the warp: broadcasts).
+            // values the same address across the warp: broadcasts), 16-byte shared
+            // loads throughout: four FMAs per `X` load.
             let mut wr = [0.0f32; SGMV_K];
-            for kk in 0..SGMV_K {
-                wr[kk] = *ws.add(lane * PITCH + kk);
+            for q in 0..SGMV_K / 4 {
+                let v = ld_shared_v4(ws.add(lane * W_PITCH + 4 * q).cast());
+                for e in 0..4 {
+                    wr[4 * q + e] = f32::from_bits(v[e]);
+                }
             }
-            for j in 0..SGMV_ROWS {
-                let row = warp + j * warps;
+            for j in 0..SGMV_WARP_ROWS {
+                let row = warp * SGMV_WARP_ROWS + j;
                 if row < rows {
-                    let xr = xs.add(row * PITCH);
+                    let xr = xs.add(row * X_PITCH);
                     let mut sum = acc[j];
-                    for kk in 0..SGMV_K {
-                        sum += *xr.add(kk) * wr[kk];
+                    for q in 0..SGMV_K / 4 {
+                        let v = ld_shared_v4(xr.add(4 * q).cast());
+                        for e in 0..4 {
+                            sum += f32::from_bits(v[e]) * wr[4 * q + e];
+                        }
                     }
                     acc[j] = sum;
                 }
@@ -419,15 +451,16 @@ unsafe fn tile_nt<X: Storage, W: Storage>(
 ///
 /// Thread mapping: the module's SGMV mapping with columns = ranks: block (row tile of a
 /// segment = grid x, rank chunk `SGMV_COLS * grid_y ..` = grid y); the `A` rows of the
-/// chunk are staged once per [`SGMV_K`] step and used by all the tile's rows. Static
-/// shared memory (6.3 KB), two `sync_threads` per step. Launch with
+/// chunk are staged once per [`SGMV_K`] step and used by all the tile's rows. Dynamic
+/// shared memory ([`sgmv_shared_bytes`]), two `sync_threads` per step. Launch with
 /// [`crate::launch::lora_sgmv_shrink`].
 ///
 /// # Safety
 /// `x`: `[rows, in_dim]` with `rows = seg_starts[num_segs]`; `a`, `ranks`, `t` as
 /// [`bgmv_shrink`]; `seg_starts`: `u32[num_segs + 1]`, non-decreasing; `seg_idx`:
 /// `i32[num_segs]`, each negative or `< slots`; inputs not written during the launch;
-/// grid (`>= ceil(rows / SGMV_ROWS) + num_segs`, `>= ceil(max_rank / SGMV_COLS)`).
+/// grid ([`crate::launch::lora_sgmv_tiles`] or more, `>= ceil(max_rank / SGMV_COLS)`),
+/// dynamic shared memory of [`sgmv_shared_bytes`].
 pub unsafe fn sgmv_shrink<T: Storage>(
     t: *mut f32,
     x: *const T,
@@ -446,7 +479,14 @@ pub unsafe fn sgmv_shrink<T: Storage>(
     // SAFETY: per the function contract; the early returns are block-uniform (before
     // any barrier); each `t` element is written by one thread.
     unsafe {
-        let Some(tile) = seg_tile(seg_starts, seg_idx, ranks, num_segs, max_rank) else {
+        let Some(tile) = seg_tile(
+            seg_starts,
+            seg_idx,
+            ranks,
+            num_segs,
+            max_rank,
+            SGMV_WARP_ROWS * warps,
+        ) else {
             return;
         };
         if c0 >= tile.rank {
@@ -463,8 +503,8 @@ pub unsafe fn sgmv_shrink<T: Storage>(
             n,
         );
         if lane < cols {
-            for j in 0..SGMV_ROWS {
-                let row = warp + j * warps;
+            for j in 0..SGMV_WARP_ROWS {
+                let row = warp * SGMV_WARP_ROWS + j;
                 if row < tile.rows {
                     *t.add((tile.row0 + row) * mr + c0 + lane) = acc[j];
                 }
@@ -480,14 +520,15 @@ pub unsafe fn sgmv_shrink<T: Storage>(
 /// Thread mapping: the module's SGMV mapping with columns = outputs: block (row tile of
 /// a segment = grid x, output chunk `SGMV_COLS * grid_y ..` = grid y); the chunk's `B`
 /// rows (`[SGMV_COLS, rank]`) are staged once per [`SGMV_K`] ranks and used by all the
-/// tile's rows; each `y` element is read and written by one lane. Static shared memory
-/// (6.3 KB), two `sync_threads` per step (one step for ranks up to 32). Launch with
+/// tile's rows; each `y` element is read and written by one lane. Dynamic shared memory
+/// ([`sgmv_shared_bytes`]), two `sync_threads` per step (one step for ranks up to 32). Launch with
 /// [`crate::launch::lora_sgmv_expand`].
 ///
 /// # Safety
 /// `y`, `t`, `b`, `ranks`, `scales` as [`bgmv_expand`] (`t` holding [`sgmv_shrink`]'s
-/// values for the same segments); `seg_starts`, `seg_idx` as [`sgmv_shrink`]; grid (`>=
-/// ceil(rows / SGMV_ROWS) + num_segs`, `>= ceil(out_dim / SGMV_COLS)`).
+/// values for the same segments); `seg_starts`, `seg_idx` as [`sgmv_shrink`]; grid
+/// ([`crate::launch::lora_sgmv_tiles`] or more, `>= ceil(out_dim / SGMV_COLS)`), dynamic
+/// shared memory of [`sgmv_shared_bytes`].
 pub unsafe fn sgmv_expand<T: Storage>(
     y: *mut T,
     t: *const f32,
@@ -509,7 +550,14 @@ pub unsafe fn sgmv_expand<T: Storage>(
     // SAFETY: per the function contract; the early returns are block-uniform (before
     // any barrier); each `y` element is read and written by one thread.
     unsafe {
-        let Some(tile) = seg_tile(seg_starts, seg_idx, ranks, num_segs, max_rank) else {
+        let Some(tile) = seg_tile(
+            seg_starts,
+            seg_idx,
+            ranks,
+            num_segs,
+            max_rank,
+            SGMV_WARP_ROWS * warps,
+        ) else {
             return;
         };
         if c0 >= out {
@@ -527,8 +575,8 @@ pub unsafe fn sgmv_expand<T: Storage>(
         );
         if lane < cols {
             let scale = *scales.add(tile.slot);
-            for j in 0..SGMV_ROWS {
-                let row = warp + j * warps;
+            for j in 0..SGMV_WARP_ROWS {
+                let row = warp * SGMV_WARP_ROWS + j;
                 if row < tile.rows {
                     let p = y
                         .add((tile.row0 + row) * y_stride as usize + y_offset as usize + c0 + lane);

@@ -367,8 +367,8 @@ fn lora_bf16() {
     all_shapes::<BF16>("lora_bf16");
 }
 
-/// One warp per block (a warp takes all 16 rows of an SGMV tile) and the launch's own
-/// 4 warps; a rank above 32 (two SGMV rank chunks for shrink, two `k` steps for expand).
+/// One warp per block (SGMV tiles of 4 rows: the 33-row segment in 9 tiles) and the
+/// launch's own 4 warps (tiles of 16 rows); a rank above 32 (two SGMV rank chunks for shrink, two `k` steps for expand).
 #[test]
 fn lora_block_sizes_and_large_rank() {
     let mut r = TestRng::new("lora_block_sizes_and_large_rank");
