@@ -31,15 +31,15 @@
 //! - **SGMV** (prefill, [`sgmv_shrink`], [`sgmv_expand`]): rows come in contiguous
 //!   segments `seg_starts[g] .. seg_starts[g + 1]` that share slot `seg_idx[g]`
 //!   (negative: untouched). One block per (tile of `SGMV_WARP_ROWS * warps` rows of one
-//!   segment (16 with [`crate::launch::LORA_THREADS`]),
-//!   chunk of [`SGMV_COLS`] output columns: ranks for shrink, outputs for expand); both
-//!   are the same `NT` tile product `C = X W^T` over `k` (`in_dim` for shrink, the rank
-//!   for expand): per [`SGMV_K`]-wide step the block stages the row tile of `X` and the
-//!   adapter tile of `W` (`A[s]` rows, or `B[s]` rows) in shared memory as `f32` (16-byte
-//!   global loads when the operand's rows are whole aligned vectors), then lane `c` of
-//!   warp `w` accumulates column `c` of the tile's rows `w * SGMV_WARP_ROWS ..` (its `W`
-//!   row held in registers for the step, the `X` values broadcast). Each adapter tile is loaded once per row
-//!   tile and used by all of its rows. Blocks map to tiles as
+//!   segment, 16 with [`crate::launch::LORA_THREADS`]; chunk of [`SGMV_COLS`] output
+//!   columns: ranks for shrink, outputs for expand); both are the same `NT` tile
+//!   product `C = X W^T` over `k` (`in_dim` for shrink, the rank for expand): per
+//!   [`SGMV_K`]-wide step the block stages the row tile of `X` and the adapter tile of
+//!   `W` (`A[s]` rows, or `B[s]` rows) in shared memory as `f32` (16-byte global loads
+//!   when the operand's rows are whole aligned vectors), then lane `c` of warp `w`
+//!   accumulates column `c` of the tile's rows `w * SGMV_WARP_ROWS ..` (its `W` row held
+//!   in registers for the step, the `X` values broadcast). Each adapter tile is loaded
+//!   once per row tile and used by all of its rows. Blocks map to tiles as
 //!   [`crate::prefill_mma`]'s: grid x is the bound `ceil(rows / tile rows) + segments`
 //!   ([`crate::launch::lora_sgmv_tiles`]), blocks past the last tile return at once.
 //!
@@ -56,7 +56,7 @@
 //! slice once, `2 n r out_dim` FLOPs. The HBM floor is the distinct adapters' weights
 //! plus `x`, `y` and `t`; these CUDA-core kernels sit between that and the L2 traffic
 //! above (SGMV's tile product runs on CUDA cores, not tensor cores).
-
+//!
 //! Calling them (per adapted projection, e.g. q, k and v of a fused QKV): shrink with
 //! the projection's `A` stack into `t` (`f32[rows, max_rank]`, no initialisation
 //! needed), then expand with its `B` stack into the projection's columns of the base
