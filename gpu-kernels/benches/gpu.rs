@@ -9,7 +9,8 @@
 //! prefill attention at 4 x 2048 and 1 x 8192 tokens (32/8 heads, head 64 and 128) in
 //! TFLOP/s, the streaming kernel beside the tensor-core one (`prefill_attention_mma`),
 //! and a cuBLAS bf16 GEMM (8192^3) measured in the same run as their ceiling; also
-//! `rms_norm` and `reshape_and_cache`.
+//! `rms_norm` and `reshape_and_cache`; the LoRA kernels (BGMV at decode batch 32 with
+//! no, 1 and 4 mixed adapters, SGMV over a 4-segment prefill).
 //!
 //! Every timed kernel is first validated against a CPU reference on a small shape (and
 //! the attention figures are spot-checked at the timed shape), so a figure is never of a
@@ -37,6 +38,9 @@ mod gemm;
 #[cfg(feature = "cuda")]
 #[path = "gpu/gpu_runs.rs"]
 mod gpu_runs;
+#[cfg(feature = "cuda")]
+#[path = "gpu/lora_runs.rs"]
+mod lora_runs;
 
 use std::process::ExitCode;
 

@@ -236,6 +236,23 @@ define_kernels! {
     { scale_rows_f32: f32, 0; scale_rows_f16: f16, 0; scale_rows_bf16: bf16, 0; }
     family (out: *mut T, ids: *const u32, table: *const T, hidden: u32) => crate::elementwise::embedding::<T>;
     { embedding_f32: f32, 0; embedding_f16: f16, 0; embedding_bf16: bf16, 0; }
+    family (t: *mut f32, x: *const T, a: *const T, idx: *const i32, ranks: *const u32, in_dim: u32,
+            max_rank: u32)
+        => crate::lora::bgmv_shrink::<T>;
+    { lora_bgmv_shrink_f32: f32, 0; lora_bgmv_shrink_f16: f16, 0; lora_bgmv_shrink_bf16: bf16, 0; }
+    family (y: *mut T, t: *const f32, b: *const T, idx: *const i32, ranks: *const u32, scales: *const f32,
+            out_dim: u32, max_rank: u32, y_stride: u32, y_offset: u32)
+        => crate::lora::bgmv_expand::<T>;
+    { lora_bgmv_expand_f32: f32, 0; lora_bgmv_expand_f16: f16, 0; lora_bgmv_expand_bf16: bf16, 0; }
+    family (t: *mut f32, x: *const T, a: *const T, seg_starts: *const u32, seg_idx: *const i32,
+            ranks: *const u32, num_segs: u32, in_dim: u32, max_rank: u32)
+        => crate::lora::sgmv_shrink::<T>;
+    { lora_sgmv_shrink_f32: f32, 0; lora_sgmv_shrink_f16: f16, 0; lora_sgmv_shrink_bf16: bf16, 0; }
+    family (y: *mut T, t: *const f32, b: *const T, seg_starts: *const u32, seg_idx: *const i32,
+            ranks: *const u32, scales: *const f32, num_segs: u32, out_dim: u32, max_rank: u32,
+            y_stride: u32, y_offset: u32)
+        => crate::lora::sgmv_expand::<T>;
+    { lora_sgmv_expand_f32: f32, 0; lora_sgmv_expand_f16: f16, 0; lora_sgmv_expand_bf16: bf16, 0; }
     family (out: *mut f32, logits: *const T, vocab: u32) => crate::sampling::greedy_rows::<T>;
     { greedy_rows_f32: f32, 0; }
     family (out: *mut f32, logits: *const f32, draw_rows: *const f32, counts: *mut u32,

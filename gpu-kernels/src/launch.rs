@@ -319,6 +319,75 @@ pub const fn prefill_mma(
     }
 }
 
+/// Threads per block of the LoRA kernels ([`crate::lora`]): 4 warps, so a
+/// `lora_bgmv_shrink` block covers 4 ranks and a `lora_sgmv_*` tile has 16 rows.
+pub const LORA_THREADS: u32 = 128;
+
+/// `lora_bgmv_shrink_*`: grid (rows, `ceil(max_rank / warps)`), one warp per (row,
+/// rank), no shared memory. `threads` a multiple of 32 ([`LORA_THREADS`]).
+pub const fn lora_bgmv_shrink(rows: u32, max_rank: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid: Dim3::xy(rows, max_rank.div_ceil(threads / 32)),
+        block: Dim3::x(threads),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `lora_bgmv_expand_*`: grid (rows, `ceil(out_dim / threads)`), one thread per (row,
+/// output), no shared memory.
+pub const fn lora_bgmv_expand(rows: u32, out_dim: u32, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid: Dim3::xy(rows, out_dim.div_ceil(threads)),
+        block: Dim3::x(threads),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Blocks along grid x of the SGMV kernels: an upper bound on the row tiles
+/// ([`crate::lora::sgmv_tile_rows`]`(threads)` rows each, 16 at [`LORA_THREADS`]) of
+/// `num_segs` segments holding `rows` rows in all (`ceil(rows / tile rows) + num_segs`;
+/// blocks past the last tile return at once).
+pub const fn lora_sgmv_tiles(rows: u32, num_segs: u32, threads: u32) -> u32 {
+    rows.div_ceil(crate::lora::sgmv_tile_rows(threads)) + num_segs
+}
+
+/// `lora_sgmv_shrink_*`: grid ([`lora_sgmv_tiles`], `ceil(max_rank / SGMV_COLS)`),
+/// dynamic shared memory of [`crate::lora::sgmv_shared_bytes`] (6.5 KB at
+/// [`LORA_THREADS`]).
+pub const fn lora_sgmv_shrink(
+    rows: u32,
+    num_segs: u32,
+    max_rank: u32,
+    threads: u32,
+) -> LaunchConfig {
+    LaunchConfig {
+        grid: Dim3::xy(
+            lora_sgmv_tiles(rows, num_segs, threads),
+            max_rank.div_ceil(crate::lora::SGMV_COLS as u32),
+        ),
+        block: Dim3::x(threads),
+        shared_mem_bytes: crate::lora::sgmv_shared_bytes(threads),
+    }
+}
+
+/// `lora_sgmv_expand_*`: grid ([`lora_sgmv_tiles`], `ceil(out_dim / SGMV_COLS)`),
+/// dynamic shared memory of [`crate::lora::sgmv_shared_bytes`].
+pub const fn lora_sgmv_expand(
+    rows: u32,
+    num_segs: u32,
+    out_dim: u32,
+    threads: u32,
+) -> LaunchConfig {
+    LaunchConfig {
+        grid: Dim3::xy(
+            lora_sgmv_tiles(rows, num_segs, threads),
+            out_dim.div_ceil(crate::lora::SGMV_COLS as u32),
+        ),
+        block: Dim3::x(threads),
+        shared_mem_bytes: crate::lora::sgmv_shared_bytes(threads),
+    }
+}
+
 /// The prefill kernel family chosen by [`choose_prefill`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillKernel {
@@ -364,6 +433,25 @@ mod tests {
         for d in [8, 40, 72, 112, 192, 512] {
             assert_eq!(choose_prefill(2, d), PrefillKernel::Streaming, "head {d}");
         }
+    }
+
+    #[test]
+    fn lora_grids_cover_every_rank_output_and_tile() {
+        // BGMV: 4 warps take 4 ranks per block; one thread per output.
+        let c = lora_bgmv_shrink(32, 16, LORA_THREADS);
+        assert_eq!((c.grid, c.block), (Dim3::xy(32, 4), Dim3::x(128)));
+        assert_eq!(lora_bgmv_shrink(5, 1, 64).grid, Dim3::xy(5, 1));
+        assert_eq!(lora_bgmv_expand(32, 4097, 128).grid, Dim3::xy(32, 33));
+        // SGMV, 4 warps: segments of 1, 7, 33 and 5 rows are 1 + 1 + 3 + 1 = 6 tiles of 16 rows;
+        // the bound ceil(46 / 16) + 4 = 7 covers them.
+        assert_eq!(lora_sgmv_tiles(46, 4, LORA_THREADS), 7);
+        let c = lora_sgmv_shrink(46, 4, 48, LORA_THREADS);
+        assert_eq!(
+            (c.grid, c.shared_mem_bytes),
+            (Dim3::xy(7, 2), (32 * 36 + 16 * 32) * 4)
+        );
+        // Two warps: tiles of 8 rows (1 + 1 + 5 + 1 = 8 <= ceil(46 / 8) + 4 = 10).
+        assert_eq!(lora_sgmv_expand(46, 4, 576, 64).grid, Dim3::xy(10, 18));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //!   nvptx, plain `unsafe fn` on the host) and [`KERNELS`], the table of entry names and
 //!   parameter lists a CUDA executor launches by.
 //! - [`launch`]: grid/block/shared-memory sizing for every kernel family.
+//! - [`lora`]: multi-LoRA deltas (Punica's BGMV for decode, SGMV for prefill segments).
 //! - [`prefill_mma`]: FlashAttention-2 prefill on tensor cores (`mma.sync`, bf16/f16).
 //! - [`sampling`] and [`philox`]: on-device sampling and the counter-based generator the
 //!   CPU sampler shares with it; [`penalty`]: `logit_bias`, the penalties (token counts
@@ -40,6 +41,7 @@ pub mod device;
 pub mod elementwise;
 pub mod entries;
 pub mod launch;
+pub mod lora;
 pub mod norm;
 pub mod penalty;
 pub mod philox;

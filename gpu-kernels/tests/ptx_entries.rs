@@ -89,6 +89,7 @@ fn kernel_table_has_every_family_dtype_and_head_size() {
         4 * 3 * gpu_kernels::attention::HEAD_SIZES.len()
             + 2 * gpu_kernels::attention::HEAD_SIZES.len() // prefill_attention_mma (f16, bf16)
             + 12 * 3 // the per-dtype row kernels
+            + 4 * 3 // the LoRA kernels (BGMV and SGMV, shrink and expand)
             + 4 // + greedy_rows_f32, sample_rows_f32, fill_counts, penalize_rows
     );
     for dt in ["f16", "bf16"] {
@@ -116,6 +117,17 @@ fn kernel_table_has_every_family_dtype_and_head_size() {
             "add_rms_norm",
             "gelu_tanh_and_mul",
             "scale_rows",
+        ] {
+            let name = format!("{fam}_{dt}");
+            assert!(KERNELS.iter().any(|k| k.name == name), "missing {name}");
+        }
+    }
+    for dt in ["f32", "f16", "bf16"] {
+        for fam in [
+            "lora_bgmv_shrink",
+            "lora_bgmv_expand",
+            "lora_sgmv_shrink",
+            "lora_sgmv_expand",
         ] {
             let name = format!("{fam}_{dt}");
             assert!(KERNELS.iter().any(|k| k.name == name), "missing {name}");

@@ -274,5 +274,7 @@ pub fn run(r: &mut BenchRng) -> Result<(), GpuError> {
     );
     let gpu = Gpu::load(ctx, arch)?;
     crate::gpu_runs::validate(&gpu, r)?;
-    crate::gpu_runs::bench(&gpu, r)
+    crate::lora_runs::validate(&gpu, r)?;
+    crate::gpu_runs::bench(&gpu, r)?;
+    crate::lora_runs::bench(&gpu, r)
 }

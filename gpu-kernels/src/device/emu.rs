@@ -534,6 +534,16 @@ pub unsafe fn st_shared_v4(p: *mut u32, w: [u32; 4]) {
     unsafe { p.cast::<[u32; 4]>().write_unaligned(w) }
 }
 
+/// A 16-byte load from shared memory (`ld.shared.v4.u32` on the device); unaligned on
+/// the host.
+///
+/// # Safety
+/// `p` is valid for 16 bytes of reads not written concurrently.
+pub unsafe fn ld_shared_v4(p: *const u32) -> [u32; 4] {
+    // SAFETY: the caller guarantees 16 readable bytes.
+    unsafe { p.cast::<[u32; 4]>().read_unaligned() }
+}
+
 /// A 16-byte global-to-shared copy (`cp.async.cg.shared.global` on the device, where it
 /// is asynchronous until [`cp_async_wait_all`]); done at once on the host.
 ///

@@ -17,9 +17,9 @@ pub use emu::{
     atomic_add_f32, block_dim_x, block_dim_y, block_dim_z, block_idx_x, block_idx_y, block_idx_z,
     cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_group_1, dynamic_shared_mem,
     exp2_fast, exp_fast, grid_dim_x, grid_dim_y, grid_dim_z, ld_global_nc_v4, ld_global_v4,
-    ldmatrix_x4_b16, ldmatrix_x4_trans_b16, mma_bf16_m16n8k16, mma_f16_m16n8k16, shfl_down_f32,
-    shfl_xor_f32, sqrt, st_global_v4, st_shared_v4, sync_threads, thread_idx_x, thread_idx_y,
-    thread_idx_z, SmemAddr,
+    ld_shared_v4, ldmatrix_x4_b16, ldmatrix_x4_trans_b16, mma_bf16_m16n8k16, mma_f16_m16n8k16,
+    shfl_down_f32, shfl_xor_f32, sqrt, st_global_v4, st_shared_v4, sync_threads, thread_idx_x,
+    thread_idx_y, thread_idx_z, SmemAddr,
 };
 
 #[cfg(target_arch = "nvptx64")]
@@ -29,9 +29,9 @@ pub use ptx::{
     atomic_add_f32, block_dim_x, block_dim_y, block_dim_z, block_idx_x, block_idx_y, block_idx_z,
     cp_async_16, cp_async_commit, cp_async_wait_all, cp_async_wait_group_1, dynamic_shared_mem,
     exp2_fast, exp_fast, grid_dim_x, grid_dim_y, grid_dim_z, ld_global_nc_v4, ld_global_v4,
-    ldmatrix_x4_b16, ldmatrix_x4_trans_b16, mma_bf16_m16n8k16, mma_f16_m16n8k16, shfl_down_f32,
-    shfl_xor_f32, sqrt, st_global_v4, st_shared_v4, sync_threads, thread_idx_x, thread_idx_y,
-    thread_idx_z, SmemAddr,
+    ld_shared_v4, ldmatrix_x4_b16, ldmatrix_x4_trans_b16, mma_bf16_m16n8k16, mma_f16_m16n8k16,
+    shfl_down_f32, shfl_xor_f32, sqrt, st_global_v4, st_shared_v4, sync_threads, thread_idx_x,
+    thread_idx_y, thread_idx_z, SmemAddr,
 };
 
 /// `mma.sync.aligned.m16n8k16.row.col.f32.{T}.{T}.f32` for a 16-bit storage type `T`

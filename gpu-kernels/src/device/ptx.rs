@@ -189,6 +189,29 @@ pub unsafe fn st_shared_v4(p: *mut u32, w: [u32; 4]) {
     };
 }
 
+/// One 16-byte load from shared memory (`ld.shared.v4.u32` on the shared address of
+/// `p`).
+///
+/// # Safety
+/// `p` is a 16-byte aligned address of shared memory not written concurrently.
+#[inline(always)]
+pub unsafe fn ld_shared_v4(p: *const u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees an aligned shared address.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 s; cvta.to.shared.u64 s, {p}; ld.shared.v4.u32 {{{a}, {b}, {c}, {d}}}, [s]; }}",
+            p = in(reg64) p,
+            a = out(reg32) a,
+            b = out(reg32) b,
+            c = out(reg32) c,
+            d = out(reg32) d,
+            options(readonly, nostack),
+        )
+    };
+    [a, b, c, d]
+}
+
 macro_rules! mma_m16n8k16 {
     ($name:ident, $ty:literal) => {
         #[doc = concat!("`mma.sync.aligned.m16n8k16.row.col.f32.", $ty, ".", $ty, ".f32` for the warp (fragment")]
