@@ -204,7 +204,10 @@ pub fn run_simulated(
         sched.update_from_output(
             kv.as_mut(),
             &out,
-            StepOutcome::Device(rows),
+            StepOutcome::Device {
+                rows,
+                spec: Vec::new(),
+            },
             &Ahead::none(),
             &mut news,
         );

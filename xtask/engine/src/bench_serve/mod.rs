@@ -10,6 +10,7 @@
 pub mod client;
 pub mod metrics;
 mod report;
+pub mod spec;
 
 use crate::plot::{self, Series};
 use crate::workloads::{self, Dataset};
@@ -78,6 +79,9 @@ pub struct RunResult {
     pub max_concurrency: Option<usize>,
     pub num_prompts: usize,
     pub summary: Summary,
+    /// Speculative decoding's figures, when the server reports them.
+    #[serde(default)]
+    pub spec: Option<spec::SpecSummary>,
     pub traces: Vec<RequestTrace>,
 }
 
@@ -182,13 +186,22 @@ pub fn run(args: Args) -> Result<()> {
             reqs.len(),
             args.label
         );
+        // Scraping is best effort: a server without /metrics has no figures.
+        let before = rt.block_on(spec::scrape(&ep)).ok().flatten();
         let (traces, duration) =
             rt.block_on(drive(&ep, &reqs, rate, args.max_concurrency, args.seed));
+        let after = rt.block_on(spec::scrape(&ep)).ok().flatten();
         let summary = metrics::summarize(&traces, duration, slo.as_ref());
         print!(
             "{}",
             report::table(&summary, rate, args.max_concurrency, slo.as_ref())
         );
+        let spec = before
+            .zip(after)
+            .map(|(b, a)| spec::summarize(&b, &a));
+        if let Some(s) = &spec {
+            print!("{}", spec::report(s));
+        }
         if let Some(e) = traces.iter().find_map(|t| t.error.as_ref()) {
             eprintln!("first error: {e}");
         }
@@ -199,6 +212,7 @@ pub fn run(args: Args) -> Result<()> {
             max_concurrency: args.max_concurrency,
             num_prompts: reqs.len(),
             summary,
+            spec,
             traces,
         });
     }
