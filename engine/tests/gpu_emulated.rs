@@ -311,3 +311,161 @@ fn penalized_requests_on_the_emulated_gpu_match_the_cpu() {
         }
     }
 }
+
+/// Passes everything to `inner` but declares `caps`, and counts the steps
+/// whose proposal rows (more logits rows than sequences) were drawn on the
+/// device (`Sampling::Device`) or reduced there (`Sampling::Greedy`).
+struct Declared {
+    inner: Box<dyn Executor>,
+    caps: Capabilities,
+    device_spec: Arc<AtomicUsize>,
+    greedy_spec: Arc<AtomicUsize>,
+}
+
+impl Executor for Declared {
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+    fn execute(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        sampling: &Sampling,
+    ) -> Result<StepOutput, ExecError> {
+        if batch.logits_rows.len() > batch.seqs.len() {
+            match sampling {
+                Sampling::Device(_) => self.device_spec.fetch_add(1, Ordering::Relaxed),
+                Sampling::Greedy => self.greedy_spec.fetch_add(1, Ordering::Relaxed),
+                Sampling::Host => 0,
+            };
+        }
+        self.inner.execute(ops, batch, sampling)
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn num_blocks(&self) -> (usize, usize) {
+        self.inner.num_blocks()
+    }
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+}
+
+/// Prompts repeating a segment (prompt lookup finds proposals): greedy
+/// requests, then seeded ones with temperature, top-k, top-p, min-p,
+/// top logprobs, `min_tokens` before stop ids and `logit_bias`.
+fn speculating_workload(eng: &mut LlmEngine, greedy: bool) {
+    let d = SamplingParams::default;
+    let sampling = if greedy {
+        vec![d(), d()]
+    } else {
+        vec![
+            SamplingParams {
+                temperature: 0.7,
+                top_k: Some(40),
+                top_p: 0.9,
+                seed: Some(21),
+                logprobs: Some(2),
+                ..d()
+            },
+            SamplingParams {
+                temperature: 1.0,
+                min_p: 0.05,
+                seed: Some(4),
+                min_tokens: 7,
+                logit_bias: vec![(17, 30.0), (250, 3.0)],
+                ..d()
+            },
+            SamplingParams {
+                temperature: 0.3,
+                seed: Some(9),
+                ..d()
+            },
+        ]
+    };
+    for (i, s) in sampling.into_iter().enumerate() {
+        let seg: Vec<u32> = (0..5).map(|j| (j * 53 + i as u32 * 29) % 400 + 3).collect();
+        let prompt = [seg.as_slice(), &[90 + i as u32], &seg, &seg[..2]].concat();
+        let params = RequestParams {
+            max_tokens: Some(10),
+            stop_token_ids: vec![17],
+            sampling: s,
+            ..RequestParams::default()
+        };
+        eng.add_request(RequestId(i as u64), prompt, params)
+            .expect("accepted");
+    }
+}
+
+/// Speculation (prompt lookup, k = 3) on the emulated GPU gives the CPU's
+/// tokens: greedy steps verified from the device's argmax rows, seeded
+/// sampled steps from proposal rows drawn on the device at their own
+/// output positions, and the same emulated executor declaring no device
+/// sampling (every row verified on the host from logits) agrees too.
+#[test]
+fn speculation_on_the_emulated_gpu_matches_the_cpu() {
+    let mut setup = Setup::default();
+    setup.sched.speculative = Some(engine::spec::SpecConfig {
+        method: engine::spec::SpecMethod::Ngram {
+            prompt_lookup_min: 1,
+            prompt_lookup_max: 3,
+        },
+        num_speculative_tokens: 3,
+        disable_by_batch_size: None,
+    });
+    let host_only = Capabilities {
+        greedy: false,
+        sampled: false,
+        count_slots: false,
+    };
+    for greedy in [true, false] {
+        let results = RefCell::new(Vec::new());
+        for (kind, declared) in [
+            (ExecKind::Cpu, None),
+            (ExecKind::Emulated, None),
+            (ExecKind::Emulated, Some(host_only)),
+        ] {
+            on_executors(&[kind], || {
+                if common::async_scheduling() {
+                    return; // refused with speculation
+                }
+                let inner = executor(setup.device_blocks, setup.cpu_blocks, setup.block_size);
+                let device_spec = Arc::new(AtomicUsize::new(0));
+                let greedy_spec = Arc::new(AtomicUsize::new(0));
+                let caps = declared.unwrap_or_else(|| inner.capabilities());
+                let exec = Declared {
+                    inner,
+                    caps,
+                    device_spec: device_spec.clone(),
+                    greedy_spec: greedy_spec.clone(),
+                };
+                let mut eng = engine_over(&setup, false, Box::new(exec));
+                speculating_workload(&mut eng, greedy);
+                let out = run(&mut eng);
+                assert!(eng.stats().scheduler.spec.draft_tokens > 0);
+                assert_pools_full(&eng);
+                let on_device = (
+                    device_spec.load(Ordering::Relaxed),
+                    greedy_spec.load(Ordering::Relaxed),
+                );
+                if kind == ExecKind::Emulated && declared.is_none() {
+                    let n = if greedy { on_device.1 } else { on_device.0 };
+                    assert!(n > 0, "greedy {greedy}: {on_device:?}");
+                } else {
+                    assert_eq!(on_device, (0, 0));
+                }
+                results.borrow_mut().push((kind, declared.is_some(), out));
+            });
+        }
+        let results = results.into_inner();
+        let cpu = &results[0].2;
+        assert_eq!(cpu.len(), if greedy { 2 } else { 3 }, "{cpu:?}");
+        for (kind, host_only, out) in &results {
+            assert_eq!(
+                out, cpu,
+                "greedy {greedy}: {kind:?} (host only: {host_only})"
+            );
+        }
+    }
+}

@@ -26,8 +26,10 @@ impl LlmEngine {
         let rows = targets + sched.prompt_targets.len();
         let greedy_rows = sched.num_logits_rows();
         match out.logits {
-            // A plain greedy step with proposals: every row reduced on the
-            // device, the proposal rows verified from them.
+            // A step with proposals: every row reduced (plain greedy) or
+            // drawn (`Sampling::Device`, proposal rows at their own output
+            // positions) on the device, the proposal rows verified from
+            // those draws by `verify.rs`'s one rule.
             None if !sched.spec.is_empty()
                 && out.rows.len() == greedy_rows
                 && sched.prompt_targets.is_empty() =>

@@ -108,15 +108,22 @@ impl LlmEngine {
 
     /// Each row's device draw, or `None` when the step takes the logits
     /// path: a row has a grammar, a row has penalties and the executor
-    /// cannot keep counts, or no row is drawn on the device. Rows the host
+    /// cannot keep counts, or no row is drawn on the device. A step with
+    /// proposals is drawn on the device only when it has no host row and
+    /// no speculating sequence has penalties; its proposal rows follow the
+    /// sampled rows ([`Self::proposal_rows`]). Rows the host
     /// draws (beam search, a group about to fork, prompt rows) are
     /// `host_rows`: a mixed step. Rows with penalties get a count slot,
     /// filled from their sequence's tokens when the device's counts do not
     /// hold them.
     fn device_rows(&mut self, sched: &SchedulerOutput) -> Option<DeviceDraws> {
-        if sched.targets.is_empty() || !sched.spec.is_empty() {
-            // Proposal rows are verified on the host (or, for plain greedy
-            // steps, from the device's greedy rows).
+        if sched.targets.is_empty() {
+            return None;
+        }
+        let speculating = !sched.spec.is_empty();
+        if speculating && !sched.prompt_targets.is_empty() {
+            // Proposal rows are drawn on the device only in steps without
+            // host rows (see `spec_rows`).
             return None;
         }
         // Host rows' device draws are unused: the cheapest draw.
@@ -130,6 +137,9 @@ impl LlmEngine {
                 return None;
             }
             if p.use_beam_search || g.needs_fork() {
+                if speculating {
+                    return None;
+                }
                 host_rows.push(i as u32);
                 plan.push((unused, None, false));
                 continue;
@@ -153,6 +163,9 @@ impl LlmEngine {
         }
         if host_rows.len() == sched.targets.len() {
             return None;
+        }
+        if speculating {
+            plan.extend(self.proposal_rows(sched)?);
         }
         let first_prompt_row = sched.targets.len() as u32;
         host_rows.extend((0..sched.prompt_targets.len() as u32).map(|j| first_prompt_row + j));
@@ -181,6 +194,41 @@ impl LlmEngine {
             self.count_slots.step_done(false);
         }
         draws
+    }
+
+    /// The device draw of every proposal row of `sched` (in
+    /// [`SchedulerOutput::spec_rows`] order), or `None` when one cannot be
+    /// drawn there (a speculating sequence with penalties: its proposal
+    /// rows would need counts over the proposals before them). Proposal
+    /// `j`'s row is drawn as `verify_host` draws it: the sequence's seeded
+    /// stream at output position `output_len + j + 1`, its `min_tokens`
+    /// suppression by that position, its `logit_bias`.
+    fn proposal_rows(
+        &self,
+        sched: &SchedulerOutput,
+    ) -> Option<Vec<(DeviceRow, Option<Processing>, bool)>> {
+        let mut rows = Vec::with_capacity(sched.num_logits_rows() - sched.targets.len());
+        for st in &sched.spec {
+            let t = sched.targets.get(st.target)?;
+            let g = self.scheduler.group(t.request_id)?;
+            let p = &g.params.sampling;
+            if p.has_penalties() || p.structured.is_some() {
+                return None;
+            }
+            let s = g.seqs.get(t.seq_index)?;
+            let output_len = t.num_tokens.saturating_sub(s.prompt_len);
+            let stops = if output_len + 1 < p.min_tokens {
+                self.scheduler.stop_ids(g)
+            } else {
+                Vec::new()
+            };
+            for j in 0..st.proposals.len() {
+                let at = output_len + j + 1;
+                let row = DeviceRow::of(p, g.seed, t.seq_index, at);
+                rows.push((row, Processing::of(p, at, &stops), false));
+            }
+        }
+        Some(rows)
     }
 
     /// The step's [`DeviceDraws`] from its planned rows: each row with

@@ -10,7 +10,8 @@
 //! `accepted + 1` tokens; a draw never looks at later proposals.
 //!
 //! Cost: O(accepted x vocab) per sequence on the host path (sequences in
-//! parallel); nothing on the device greedy path (12 bytes per row).
+//! parallel); on the device paths every proposal row is reduced or drawn
+//! there and only its id and logprobs come back (12 bytes per greedy row).
 
 use super::LlmEngine;
 use crate::executor::Logits;
@@ -107,8 +108,11 @@ impl LlmEngine {
         }
     }
 
-    /// The device's greedy verification: `rows` holds one draw per logits
-    /// row of `sched` (only plain greedy steps reduce rows on the device).
+    /// The device's verification: `rows` holds one draw per logits row of
+    /// `sched` (a plain greedy step's argmax rows, or `Sampling::Device`
+    /// draws where proposal `j`'s row was drawn at output position
+    /// `output_len + j + 1`, as `verify_host` draws it), so the same rule
+    /// gives the same tokens.
     pub(super) fn verify_rows(sched: &SchedulerOutput, rows: &[SampleOut]) -> Vec<Vec<SampleOut>> {
         sched
             .spec
