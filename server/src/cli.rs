@@ -324,6 +324,14 @@ pub struct EngineArgs {
     /// to a batch-size bucket and replayed as that bucket's graph).
     #[arg(long, global = true)]
     pub enforce_eager: bool,
+    /// CPU only: batch-invariant kernels, so a request's logprobs are the
+    /// same bits whatever shares its batch (and a span of several tokens
+    /// scores each position as a decode step would). The quantized kernels
+    /// are invariant without the flag on AVX-512 VNNI CPUs; the flag also
+    /// covers AVX2-only CPUs (no lane kernel: slower batches) and
+    /// `--dtype float32` (own f32 kernel instead of `gemm`: slower batches).
+    #[arg(long, global = true)]
+    pub batch_invariant: bool,
     /// Element type of weights, activations and KV cache on the GPU; on the
     /// CPU, `auto` keeps quantized GGUF weights quantized, `float32`
     /// dequantizes them at load.
