@@ -326,10 +326,10 @@ pub struct EngineArgs {
     pub enforce_eager: bool,
     /// CPU only: batch-invariant kernels, so a request's logprobs are the
     /// same bits whatever shares its batch (and a span of several tokens
-    /// scores each position as a decode step would). The quantized kernels
-    /// are invariant without the flag on AVX-512 VNNI CPUs; the flag also
-    /// covers AVX2-only CPUs (no lane kernel: slower batches) and
-    /// `--dtype float32` (own f32 kernel instead of `gemm`: slower batches).
+    /// scores each position as a decode step would). Costs batched and
+    /// prefill speed: quantized weights take the direct kernels' offset
+    /// arithmetic in the tile kernels (and no AVX2 lane kernel);
+    /// `--dtype float32` takes its own f32 kernel instead of `gemm`.
     #[arg(long, global = true)]
     pub batch_invariant: bool,
     /// Element type of weights, activations and KV cache on the GPU; on the

@@ -48,9 +48,7 @@ pub struct ExecutorRequest {
     pub max_num_seqs: usize,
     pub enforce_eager: bool,
     /// CPU: batch-invariant kernels ([`CpuModel::set_batch_invariant`]):
-    /// a request's logits the same bits whatever shares its batch, also
-    /// on AVX2-only CPUs and with f32 weights (the quantized path is
-    /// invariant without it on AVX-512 VNNI and portable CPUs).
+    /// a request's logits the same bits whatever shares its batch.
     pub batch_invariant: bool,
 }
 

@@ -101,10 +101,10 @@ impl CpuModel {
 
     /// Batch-invariant kernels for every layer (default off): a row's
     /// logits are then the same bits whatever else shares its batch or
-    /// span. The quantized kernels are invariant without it on AVX-512
-    /// VNNI and portable CPUs; it switches off AVX2's lane kernel and
-    /// routes f32 weights through [`super::linear::matmul_wt_rows`]
-    /// instead of `gemm` (see [`Linear::invariant`]).
+    /// span. Quantized weights: the tile kernels repeat the direct
+    /// kernels' offset arithmetic and AVX2's lane kernel is not used; f32
+    /// weights go through [`super::linear::matmul_wt_rows`] instead of
+    /// `gemm` (see [`Linear::invariant`]).
     pub fn set_batch_invariant(&mut self, on: bool) {
         self.matrices_mut()
             .into_iter()

@@ -64,8 +64,8 @@ pub struct Linear {
     /// How the activations of quantized parts are quantized.
     pub act: ActPrecision,
     /// Batch-invariant kernels: each row's result the same bits whatever
-    /// the number of rows (quantized parts: no lane kernel, see
-    /// [`quant::matmul_with`]; f32 parts: [`matmul_wt_rows`] instead of
+    /// the number of rows (quantized parts: exact offset forms and no lane
+    /// kernel, see [`quant::matmul_with`]; f32 parts: [`matmul_wt_rows`] instead of
     /// `gemm`, whose blocking and paths depend on the row count).
     pub invariant: bool,
 }

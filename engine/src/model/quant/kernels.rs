@@ -360,7 +360,7 @@ pub(super) mod x86 {
         // SAFETY: the tile's arrays and the rows' sums hold what
         // `offsets_zmm` reads (the contract, `Tile::new`).
         let folded = unsafe { offsets_zmm(tile, &rows, &mut off) };
-        if folded {
+        if folded && tile.has_offset {
             let (g, gp) = (k / 16, kp / 16);
             let bp = tile.bb.as_ptr();
             for i in (0..g).step_by(16) {
@@ -410,6 +410,9 @@ pub(super) mod x86 {
         let (k, gp) = (tile.k, tile.kp / 16);
         let g = k / 16;
         let bp = tile.bb.as_ptr();
+        if !tile.exact {
+            return true;
+        }
         match offset_form(tile.ty()) {
             OffsetForm::None => {}
             OffsetForm::Folded => return true,
@@ -598,7 +601,11 @@ pub(super) mod x86 {
                 }
             }
         }
-        let form = offset_form(tile.ty());
+        let form = if tile.exact {
+            offset_form(tile.ty())
+        } else {
+            OffsetForm::Folded
+        };
         let mut tail = [[0f32; NR]; M];
         if tile.has_offset && form == OffsetForm::Folded {
             let (g, gp) = (k / 16, kp / 16);

@@ -211,11 +211,11 @@ pub fn matmul(
 }
 
 /// [`matmul`]; with `invariant`, every row's result is the same bits
-/// whatever `act.m` (the lane kernel is not used; see [`uses_lanes`]).
-/// Without it that already holds on [`Isa::Avx512Vnni`] and
-/// [`Isa::Scalar`], and on [`Isa::Avx2`] below 8 rows: the direct kernels
-/// and the tile kernels do the same float operations in the same order
-/// per row (integer sums are exact; see `tile::OffsetForm`).
+/// whatever `act.m`: the tile kernels do the direct kernels' float
+/// operations in the same order per row (integer sums are exact; the
+/// offsets follow `tile::OffsetForm` instead of being folded into the
+/// accumulators, [`tile::Tile::exact`]) and the lane kernel is not used
+/// ([`uses_lanes`]). Without it only [`Isa::Scalar`] is invariant.
 pub fn matmul_with(
     act: &QuantizedActs,
     w: &QMatrix,
@@ -286,6 +286,7 @@ pub fn matmul_with(
         // time); the panel is sized to stay in L2 (long prompts: the tiles
         // are decoded once per panel).
         let mut tile = Tile::new(w.ty, k);
+        tile.exact = invariant;
         let mut res = [[0f32; NR]; MR];
         let mut res_lanes = [[[0f32; NR]; lanes::LANES]; 2];
         let align = if lane_rows > 0 { lanes::LANES } else { MR };

@@ -49,6 +49,11 @@ pub struct Tile {
     pub signed: bool,
     /// True when `bb` may be non-zero.
     pub has_offset: bool,
+    /// The kernels reproduce the direct kernels' offset arithmetic
+    /// ([`OffsetForm`]; batch-invariant rows) instead of folding the
+    /// offsets into their accumulators (cheaper). Set by the caller
+    /// (`quant::matmul_with`'s `invariant`); false from [`Tile::new`].
+    pub exact: bool,
     /// [`OffsetForm::Pairs`] types only: `bb` again, per 4 groups of 16
     /// (one 64-level kernel step) the [`NR`] rows' 4 offsets in a row
     /// (`[kp / 64, NR, 4]`), filled by [`Tile::decode`] for the 512-bit
@@ -141,6 +146,7 @@ impl Tile {
             bb: vec![0.0; NR * kp / GROUP],
             signed: off == 128,
             has_offset: (off != 0 && off != 128) || ty.has_offset(),
+            exact: false,
             bbq: if offset_form(ty) == OffsetForm::Pairs {
                 vec![0.0; NR * kp / GROUP]
             } else {
@@ -187,7 +193,7 @@ impl Tile {
                 (&mut self.q, &mut self.a, &mut self.b),
             );
         }
-        if !self.bbq.is_empty() {
+        if self.exact && !self.bbq.is_empty() {
             // [step][row][4]: rows past `nr` and groups past k / 16 are
             // zero in `bb`, so here too.
             for (s, q) in self.bbq.chunks_exact_mut(4 * NR).enumerate() {
