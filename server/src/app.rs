@@ -87,6 +87,7 @@ pub fn engine_options(
             },
             max_num_seqs: args.max_num_seqs,
             enforce_eager: args.enforce_eager,
+            batch_invariant: args.batch_invariant,
         },
         enable_prefix_caching: args.enable_prefix_caching,
         handle,

@@ -324,6 +324,14 @@ pub struct EngineArgs {
     /// to a batch-size bucket and replayed as that bucket's graph).
     #[arg(long, global = true)]
     pub enforce_eager: bool,
+    /// CPU only: batch-invariant kernels, so a request's logprobs are the
+    /// same bits whatever shares its batch (and a span of several tokens
+    /// scores each position as a decode step would). Costs batched and
+    /// prefill speed: quantized weights take the direct kernels' offset
+    /// arithmetic in the tile kernels (and no AVX2 lane kernel);
+    /// `--dtype float32` takes its own f32 kernel instead of `gemm`.
+    #[arg(long, global = true)]
+    pub batch_invariant: bool,
     /// Element type of weights, activations and KV cache on the GPU; on the
     /// CPU, `auto` keeps quantized GGUF weights quantized, `float32`
     /// dequantizes them at load.

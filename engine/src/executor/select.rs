@@ -47,6 +47,9 @@ pub struct ExecutorRequest {
     /// CUDA graphs (one per batch-size bucket) unless `enforce_eager`.
     pub max_num_seqs: usize,
     pub enforce_eager: bool,
+    /// CPU: batch-invariant kernels ([`CpuModel::set_batch_invariant`]):
+    /// a request's logits the same bits whatever shares its batch.
+    pub batch_invariant: bool,
 }
 
 /// The built executor and a line saying what it is (for the startup log).
@@ -125,10 +128,11 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// The CPU executor of a loaded model, its pools sized by `req`.
 pub fn cpu_executor(
-    model: CpuModel,
+    mut model: CpuModel,
     req: &ExecutorRequest,
     description: String,
 ) -> Result<BuiltExecutor, BuildError> {
+    model.set_batch_invariant(req.batch_invariant);
     let kv_dtype = req
         .kv_cache_dtype
         .unwrap_or_else(|| KvDtype::auto(model.is_quantized()));
@@ -248,6 +252,7 @@ mod tests {
             kv_cache_dtype: None,
             max_num_seqs: 8,
             enforce_eager: false,
+            batch_invariant: false,
         }
     }
 

@@ -99,6 +99,18 @@ impl CpuModel {
         self.matrices_mut().into_iter().for_each(|m| m.act = p);
     }
 
+    /// Batch-invariant kernels for every layer (default off): a row's
+    /// logits are then the same bits whatever else shares its batch or
+    /// span. Quantized weights: the tile kernels repeat the direct
+    /// kernels' offset arithmetic and AVX2's lane kernel is not used; f32
+    /// weights go through [`super::linear::matmul_wt_rows`] instead of
+    /// `gemm` (see [`Linear::invariant`]).
+    pub fn set_batch_invariant(&mut self, on: bool) {
+        self.matrices_mut()
+            .into_iter()
+            .for_each(|m| m.invariant = on);
+    }
+
     /// Bytes held by the weight matrices (quantized ones at their size).
     pub fn matrix_bytes(&self) -> usize {
         self.matrices().into_iter().map(Linear::nbytes).sum()

@@ -63,6 +63,11 @@ pub struct Linear {
     pub in_features: usize,
     /// How the activations of quantized parts are quantized.
     pub act: ActPrecision,
+    /// Batch-invariant kernels: each row's result the same bits whatever
+    /// the number of rows (quantized parts: exact offset forms and no lane
+    /// kernel, see [`quant::matmul_with`]; f32 parts: [`matmul_wt_rows`] instead of
+    /// `gemm`, whose blocking and paths depend on the row count).
+    pub invariant: bool,
 }
 
 impl Linear {
@@ -74,6 +79,7 @@ impl Linear {
             out_features,
             in_features,
             act: ActPrecision::Two8,
+            invariant: false,
         }
     }
 
@@ -97,6 +103,7 @@ impl Linear {
             out_features,
             in_features,
             act: ActPrecision::Two8,
+            invariant: false,
         }
     }
 
@@ -130,6 +137,7 @@ impl Linear {
             out_features: self.out_features,
             in_features: self.in_features,
             act: self.act,
+            invariant: self.invariant,
         }
     }
 
@@ -149,7 +157,7 @@ impl Linear {
         let (n, k) = (self.out_features, self.in_features);
         let act = self
             .is_quantized()
-            .then(|| quant::quantize_acts(x, rows, k, self.act, isa));
+            .then(|| quant::quantize_acts(x, rows, k, self.act, isa, self.invariant));
         let mut c0 = 0;
         for p in &self.parts {
             let start = c0.min(out.len());
@@ -157,12 +165,16 @@ impl Linear {
             match p {
                 LinearWeight::F32(w) => {
                     let pn = w.len() / k.max(1);
-                    matmul_wt_ld(x, rows, w, pn, k, dst, n, accumulate);
+                    if self.invariant {
+                        matmul_wt_rows(x, rows, w, pn, k, dst, n, accumulate);
+                    } else {
+                        matmul_wt_ld(x, rows, w, pn, k, dst, n, accumulate);
+                    }
                     c0 += pn;
                 }
                 LinearWeight::Quant(q) => {
                     if let Some(act) = &act {
-                        quant::matmul(act, q, dst, n, accumulate, isa);
+                        quant::matmul_with(act, q, dst, n, accumulate, isa, self.invariant);
                     }
                     c0 += q.rows;
                 }
@@ -271,6 +283,180 @@ pub fn matmul_wt_ld(
     par::for_each(n.div_ceil(per), |s| run(s * per));
 }
 
+/// [`matmul_wt_ld`] with every output element computed by the same
+/// float operations whatever `m` (batch-invariant rows): per element one
+/// chain of 8-lane FMAs over `k` in order (AVX2 + FMA, else the same
+/// arithmetic in portable code), a fixed horizontal sum, then the `k % 8`
+/// tail in one scalar FMA chain. `gemm` instead picks a matrix-vector path
+/// at one row, a small-matrix kernel below 16 x 16 outputs and cache
+/// blockings from `m`, so its rows round differently with the batch.
+/// Slower than `gemm` on large batches (no packing; 4 x 2 register
+/// blocks read straight from the row-major operands).
+///
+/// Panics if a slice is shorter than its shape says (callers size them).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_wt_rows(
+    x: &[f32],
+    m: usize,
+    w: &[f32],
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+    ldo: usize,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(x.len() >= m * k && w.len() >= n * k && ldo >= n && out.len() >= (m - 1) * ldo + n);
+    let threads = par::threads();
+    let stripes = if m * n * k < PARALLEL_MIN_WORK || threads == 1 {
+        1
+    } else {
+        threads * par::TASKS_PER_THREAD
+    };
+    let per = n.div_ceil(stripes).div_ceil(STRIPE_ALIGN) * STRIPE_ALIGN;
+    let dst = SendPtr(out.as_mut_ptr());
+    let simd = rows_simd();
+    let run = |c0: usize| {
+        let c1 = (c0 + per).min(n);
+        let mut r0 = 0;
+        while r0 < m {
+            let mr = ROWS_MR.min(m - r0);
+            let mut j = c0;
+            while j < c1 {
+                let nr = ROWS_NR.min(c1 - j);
+                let mut res = [[0f32; ROWS_NR]; ROWS_MR];
+                for (r, rr) in res.iter_mut().enumerate().take(mr) {
+                    for (c, o) in rr.iter_mut().enumerate().take(nr) {
+                        let xr = &x[(r0 + r) * k..(r0 + r + 1) * k];
+                        let wr = &w[(j + c) * k..(j + c + 1) * k];
+                        if !simd {
+                            *o = dot_rows_portable(xr, wr);
+                        }
+                    }
+                }
+                #[cfg(target_arch = "x86_64")]
+                if simd {
+                    // SAFETY: `rows_simd` found AVX2 and FMA; rows r0..r0 +
+                    // mr of x and j..j + nr of w hold k values each
+                    // (asserted above: r0 + mr <= m, j + nr <= n).
+                    unsafe { rows_x86::block(x, w, k, r0, mr, j, nr, &mut res) };
+                }
+                for (r, rr) in res.iter().enumerate().take(mr) {
+                    // SAFETY: row r0 + r < m, columns j..j + nr <= c1 <= n
+                    // <= ldo: inside `out` (asserted above); the columns
+                    // c0..c1 belong to this stripe only, and `out` is
+                    // exclusively borrowed for the call.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(dst.get().add((r0 + r) * ldo + j), nr)
+                    };
+                    for (o, v) in o.iter_mut().zip(rr) {
+                        *o = if accumulate { *o + v } else { *v };
+                    }
+                }
+                j += nr;
+            }
+            r0 += mr;
+        }
+    };
+    par::for_each(n.div_ceil(per), |s| run(s * per));
+}
+
+/// Rows and columns of [`matmul_wt_rows`]'s register block.
+const ROWS_MR: usize = 4;
+const ROWS_NR: usize = 2;
+
+/// True when [`matmul_wt_rows`] runs its AVX2 + FMA kernel.
+fn rows_simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// One element of [`matmul_wt_rows`] in portable code: 8 lanes of fused
+/// chains, the AVX2 kernel's horizontal sum, the scalar tail.
+fn dot_rows_portable(x: &[f32], w: &[f32]) -> f32 {
+    let mut l = [0f32; 8];
+    let whole = x.len() / 8 * 8;
+    for (xc, wc) in x[..whole].chunks_exact(8).zip(w[..whole].chunks_exact(8)) {
+        for i in 0..8 {
+            l[i] = xc[i].mul_add(wc[i], l[i]);
+        }
+    }
+    let h = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+    let mut s = (h[0] + h[2]) + (h[1] + h[3]);
+    for (a, b) in x[whole..].iter().zip(&w[whole..]) {
+        s = a.mul_add(*b, s);
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+mod rows_x86 {
+    use std::arch::x86_64::*;
+
+    use super::{ROWS_MR, ROWS_NR};
+
+    /// `res[r][c] = dot(x row r0 + r, w row j + c)` for `r < mr`, `c < nr`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `x` holds rows up to `r0 + mr` and `w` up
+    /// to `j + nr`, `k` values each; `mr <= ROWS_MR`, `nr <= ROWS_NR`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn block(
+        x: &[f32],
+        w: &[f32],
+        k: usize,
+        r0: usize,
+        mr: usize,
+        j: usize,
+        nr: usize,
+        res: &mut [[f32; ROWS_NR]; ROWS_MR],
+    ) {
+        // Rows past mr / nr repeat the last valid one (results dropped),
+        // so the loop has fixed trip counts.
+        let xp: [*const f32; ROWS_MR] =
+            std::array::from_fn(|r| x.as_ptr().wrapping_add((r0 + r.min(mr - 1)) * k));
+        let wp: [*const f32; ROWS_NR] =
+            std::array::from_fn(|c| w.as_ptr().wrapping_add((j + c.min(nr - 1)) * k));
+        let mut acc = [[_mm256_setzero_ps(); ROWS_NR]; ROWS_MR];
+        let whole = k / 8 * 8;
+        for i in (0..whole).step_by(8) {
+            // SAFETY: i + 8 <= k inside each row (contract).
+            unsafe {
+                let wv: [__m256; ROWS_NR] = std::array::from_fn(|c| _mm256_loadu_ps(wp[c].add(i)));
+                for (r, ar) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_ps(xp[r].add(i));
+                    for (a, wv) in ar.iter_mut().zip(&wv) {
+                        *a = _mm256_fmadd_ps(xv, *wv, *a);
+                    }
+                }
+            }
+        }
+        for r in 0..mr {
+            for c in 0..nr {
+                let mut l = [0f32; 8];
+                // SAFETY: 8 f32 into an [f32; 8].
+                unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r][c]) };
+                let h = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+                let mut s = (h[0] + h[2]) + (h[1] + h[3]);
+                for i in whole..k {
+                    // SAFETY: i < k inside both rows (contract).
+                    s = unsafe { (*xp[r].add(i)).mul_add(*wp[c].add(i), s) };
+                }
+                res[r][c] = s;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,6 +500,46 @@ mod tests {
             matmul_wt(&x, m, &w, n, k, &mut acc, true);
             for (a, b) in acc.iter().zip(&want) {
                 assert!((a - (b + 1.5)).abs() < 1e-3, "accumulate {m}x{n}x{k}");
+            }
+        }
+    }
+
+    /// The invariant f32 product: close to the exact one, and each row the
+    /// same bits whatever the number of rows (`gemm` is not: its one-row
+    /// path and its blockings round differently).
+    #[test]
+    fn invariant_f32_rows_do_not_depend_on_the_batch() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for &(n, k) in &[(37, 61), (64, 576), (130, 200)] {
+            let m_max = 33;
+            let x: Vec<f32> = (0..m_max * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let w: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let alone: Vec<Vec<f32>> = (0..m_max)
+                .map(|r| {
+                    let mut o = vec![f32::NAN; n];
+                    matmul_wt_rows(&x[r * k..(r + 1) * k], 1, &w, n, k, &mut o, n, false);
+                    o
+                })
+                .collect();
+            let want = naive(&x, m_max, &w, n, k);
+            for (r, row) in alone.iter().enumerate() {
+                for (c, v) in row.iter().enumerate() {
+                    assert!((v - want[r * n + c]).abs() < 1e-3, "{n}x{k} [{r}, {c}]");
+                }
+            }
+            for m in (1..=9).chain([m_max]) {
+                let r0 = (m * 5) % (m_max - m + 1);
+                let mut out = vec![1.0f32; m * n];
+                matmul_wt_rows(&x[r0 * k..(r0 + m) * k], m, &w, n, k, &mut out, n, true);
+                for r in 0..m {
+                    let want: Vec<u32> =
+                        alone[r0 + r].iter().map(|v| (v + 1.0).to_bits()).collect();
+                    let got: Vec<u32> = out[r * n..(r + 1) * n]
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect();
+                    assert_eq!(got, want, "{n}x{k}: row {} of {m}", r0 + r);
+                }
             }
         }
     }

@@ -11,6 +11,10 @@
 //!   scale vector, matching the i32 lanes' halves), minus
 //!   `32 d (sc[2s] sums[2c] + sc[2s + 1] sums[2c + 1])` for the offset.
 //!
+//! One accumulator per row, its 32-blocks in order, the offsets in a
+//! scalar chain: the tile kernels reproduce exactly this arithmetic
+//! (`tile::OffsetForm`), so a row's result does not depend on the batch.
+//!
 //! Invariants: `k` is a multiple of 256; levels fed to `vpmaddubsw` lie in
 //! 0..=63. Cost: one pass over the row's bytes, O(k) per activation row.
 
@@ -59,7 +63,7 @@ pub(super) mod x86 {
                 let (bs, qs_at) = if Q5 { (176, 48) } else { (144, 16) };
                 debug_assert!(row.len() >= nb * bs && dx.len() >= 8 * nb && sx.len() >= 16 * nb);
                 let (mask, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
-                let mut acc = [_mm256_setzero_ps(); 2];
+                let mut acc = _mm256_setzero_ps();
                 let mut off = 0f32;
                 for (b, blk) in row.chunks_exact(bs).take(nb).enumerate() {
                     let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
@@ -100,11 +104,8 @@ pub(super) mod x86 {
                                 }
                                 let (sc, m) = scale_min(2 * j + h, scales);
                                 let s = d * f32::from(sc) * *dx.get_unchecked(ch);
-                                acc[h] = _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(p),
-                                    _mm256_set1_ps(s),
-                                    acc[h],
-                                );
+                                acc =
+                                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc);
                                 off -= dmin
                                     * f32::from(m)
                                     * (*sx.get_unchecked(2 * ch) + *sx.get_unchecked(2 * ch + 1));
@@ -113,7 +114,7 @@ pub(super) mod x86 {
                     }
                 }
                 // SAFETY: the CPU has AVX2 (contract).
-                unsafe { hsum(_mm256_add_ps(acc[0], acc[1])) + off }
+                unsafe { hsum(acc) + off }
             }
 
             /// One `Q6_K` row against one activation row.
@@ -131,7 +132,7 @@ pub(super) mod x86 {
                 let nb = qx.len() / 256;
                 debug_assert!(row.len() >= nb * 210 && dx.len() >= 8 * nb && sx.len() >= 16 * nb);
                 let (m4, m3) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
-                let mut acc = [_mm256_setzero_ps(); 2];
+                let mut acc = _mm256_setzero_ps();
                 let mut off = 0f32;
                 for (b, blk) in row.chunks_exact(210).take(nb).enumerate() {
                     let d = f16_at(blk, 208);
@@ -180,8 +181,7 @@ pub(super) mod x86 {
                                 let dc = *dx.get_unchecked(c);
                                 let sv =
                                     _mm256_set_m128(_mm_set1_ps(s1 * dc), _mm_set1_ps(s0 * dc));
-                                acc[i & 1] =
-                                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(pr), sv, acc[i & 1]);
+                                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pr), sv, acc);
                                 off -= 32.0
                                     * (s0 * *sx.get_unchecked(2 * c)
                                         + s1 * *sx.get_unchecked(2 * c + 1));
@@ -190,7 +190,7 @@ pub(super) mod x86 {
                     }
                 }
                 // SAFETY: the CPU has AVX2 (contract).
-                unsafe { hsum(_mm256_add_ps(acc[0], acc[1])) + off }
+                unsafe { hsum(acc) + off }
             }
         };
     }

@@ -171,7 +171,7 @@ pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::act::QuantizedActs;
-    use super::super::tile::{Tile, STEP};
+    use super::super::tile::{offset_form, OffsetForm, Tile, STEP};
     use super::{MR, NR};
 
     /// Sum of the 8 lanes.
@@ -356,7 +356,11 @@ pub(super) mod x86 {
                 }
             }
         }
-        if tile.has_offset {
+        let mut off = [[0f32; NR]; M];
+        // SAFETY: the tile's arrays and the rows' sums hold what
+        // `offsets_zmm` reads (the contract, `Tile::new`).
+        let folded = unsafe { offsets_zmm(tile, &rows, &mut off) };
+        if folded && tile.has_offset {
             let (g, gp) = (k / 16, kp / 16);
             let bp = tile.bb.as_ptr();
             for i in (0..g).step_by(16) {
@@ -381,8 +385,117 @@ pub(super) mod x86 {
         for r in 0..M {
             for t in 0..NR {
                 res[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+                if tile.has_offset && !folded {
+                    res[r][t] += off[r][t];
+                }
             }
         }
+    }
+
+    /// The offset terms `off[r][t]` of the 512-bit block in the direct
+    /// 512-bit kernels' arithmetic ([`super::super::gemv`]'s `zmm` and
+    /// `zmm_k`, see [`OffsetForm`]), so the block's rows equal theirs bit
+    /// for bit. Returns true (and computes nothing) for
+    /// [`OffsetForm::Folded`], whose offsets the caller folds into its
+    /// accumulators.
+    ///
+    /// # Safety
+    /// As [`block_zmm`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    unsafe fn offsets_zmm<const M: usize>(
+        tile: &Tile,
+        rows: &Rows<M>,
+        off: &mut [[f32; NR]; M],
+    ) -> bool {
+        let (k, gp) = (tile.k, tile.kp / 16);
+        let g = k / 16;
+        let bp = tile.bb.as_ptr();
+        if !tile.exact {
+            return true;
+        }
+        match offset_form(tile.ty()) {
+            OffsetForm::None => {}
+            OffsetForm::Folded => return true,
+            OffsetForm::Pairs => {
+                // Lanes 4t + i: tile row t's chain of the 16-groups
+                // = i mod 4 (the direct kernel's lanes 4i..4i + 4, one
+                // copy instead of four: its reduction adds the four
+                // copies exactly and scales them back by 1/4).
+                let qp = tile.bbq.as_ptr();
+                let mut o = [_mm512_setzero_ps(); M];
+                for s in 0..g.div_ceil(4) {
+                    let mk: __mmask8 = if g - 4 * s >= 4 { 0xf } else { 0x3 };
+                    // SAFETY: 16 values at 16 s < NR kp / 16 = bbq.len();
+                    // the sums load is masked to the groups below g.
+                    unsafe {
+                        let b = _mm512_loadu_ps(qp.add(16 * s));
+                        for r in 0..M {
+                            let sx = _mm_maskz_loadu_ps(mk, rows.s[r].add(4 * s));
+                            o[r] = _mm512_fmadd_ps(b, _mm512_broadcast_f32x4(sx), o[r]);
+                        }
+                    }
+                }
+                for r in 0..M {
+                    let mut v = [0f32; 16];
+                    // SAFETY: 16 f32 into an [f32; 16].
+                    unsafe { _mm512_storeu_ps(v.as_mut_ptr(), o[r]) };
+                    for t in 0..NR {
+                        let c = &v[4 * t..4 * t + 4];
+                        off[r][t] = (c[0] + c[2]) + (c[1] + c[3]);
+                    }
+                }
+            }
+            OffsetForm::Sub32 => {
+                let (even, odd) = (
+                    _mm512_set_epi32(14, 12, 10, 8, 6, 4, 2, 0, 14, 12, 10, 8, 6, 4, 2, 0),
+                    _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 15, 13, 11, 9, 7, 5, 3, 1),
+                );
+                for r in 0..M {
+                    let mut o = [_mm256_setzero_ps(); NR];
+                    for b in 0..g / 16 {
+                        // SAFETY: 16 sums at 16 b < g in the row's sums,
+                        // 16 offsets at t gp + 16 b < t gp + g in `bb`.
+                        unsafe {
+                            let s16 = _mm512_loadu_ps(rows.s[r].add(16 * b));
+                            let ssub = _mm512_castps512_ps256(_mm512_add_ps(
+                                _mm512_permutexvar_ps(even, s16),
+                                _mm512_permutexvar_ps(odd, s16),
+                            ));
+                            for t in 0..NR {
+                                let bv = _mm512_castps512_ps256(_mm512_permutexvar_ps(
+                                    even,
+                                    _mm512_loadu_ps(bp.add(t * gp + 16 * b)),
+                                ));
+                                o[t] = _mm256_fmadd_ps(bv, ssub, o[t]);
+                            }
+                        }
+                    }
+                    for t in 0..NR {
+                        // SAFETY: the CPU has AVX2 (contract).
+                        off[r][t] = unsafe { hsum(o[t]) };
+                    }
+                }
+            }
+            OffsetForm::Half16 => {
+                for r in 0..M {
+                    let mut o = [_mm512_setzero_ps(); NR];
+                    for b in 0..g / 16 {
+                        // SAFETY: as for `Sub32`.
+                        unsafe {
+                            let s16 = _mm512_loadu_ps(rows.s[r].add(16 * b));
+                            for t in 0..NR {
+                                let bv = _mm512_loadu_ps(bp.add(t * gp + 16 * b));
+                                o[t] = _mm512_fmadd_ps(bv, s16, o[t]);
+                            }
+                        }
+                    }
+                    for t in 0..NR {
+                        off[r][t] = _mm512_reduce_add_ps(o[t]);
+                    }
+                }
+            }
+        }
+        false
     }
 
     /// [`block_avx2`] over `mr` rows, two at a time.
@@ -488,8 +601,13 @@ pub(super) mod x86 {
                 }
             }
         }
+        let form = if tile.exact {
+            offset_form(tile.ty())
+        } else {
+            OffsetForm::Folded
+        };
         let mut tail = [[0f32; NR]; M];
-        if tile.has_offset {
+        if tile.has_offset && form == OffsetForm::Folded {
             let (g, gp) = (k / 16, kp / 16);
             let whole = g / 8 * 8;
             for t in 0..NR {
@@ -512,12 +630,55 @@ pub(super) mod x86 {
                         .sum();
                 }
             }
+        } else if tile.has_offset {
+            // The direct AVX2 kernels' offset chains ([`OffsetForm`]),
+            // so these rows equal theirs bit for bit.
+            let (g, gp) = (k / 16, kp / 16);
+            for t in 0..NR {
+                let bb = &tile.bb[t * gp..t * gp + g];
+                for r in 0..M {
+                    // SAFETY: row r's sums hold g values (caller's contract).
+                    let sx = unsafe { std::slice::from_raw_parts(rows.s[r], g) };
+                    tail[r][t] = offsets_avx2(form, bb, sx);
+                }
+            }
         }
         for r in 0..M {
             for t in 0..NR {
                 // SAFETY: the CPU has AVX2 (caller's contract).
-                res[r][t] = unsafe { hsum(acc[r][t]) } + tail[r][t];
+                let h = unsafe { hsum(acc[r][t]) };
+                res[r][t] = if tile.has_offset { h + tail[r][t] } else { h };
             }
         }
+    }
+
+    /// One (tile row, activation row) pair's offset term in the direct
+    /// AVX2 kernels' arithmetic: `bb` and `sx` hold the `k / 16` offsets
+    /// and 16-sums. `mul_add` is the FMA instruction here (the caller
+    /// enables FMA).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn offsets_avx2(form: OffsetForm, bb: &[f32], sx: &[f32]) -> f32 {
+        let mut o = 0f32;
+        let pairs = bb.chunks_exact(2).zip(sx.chunks_exact(2));
+        match form {
+            OffsetForm::Pairs => {
+                for (b, s) in pairs {
+                    o = b[0].mul_add(s[0] + s[1], o);
+                }
+            }
+            OffsetForm::Sub32 => {
+                for (b, s) in pairs {
+                    o += b[0] * (s[0] + s[1]);
+                }
+            }
+            OffsetForm::Half16 => {
+                for (b, s) in pairs {
+                    o += b[0] * s[0] + b[1] * s[1];
+                }
+            }
+            OffsetForm::None | OffsetForm::Folded => {}
+        }
+        o
     }
 }

@@ -167,16 +167,26 @@ impl QMatrix {
 
 /// True when products with `m` activation rows run the lane kernel
 /// ([`lanes`]) on the whole groups of rows: AVX2 without VNNI (with VNNI
-/// the 512-bit row-major kernel does more per instruction).
-pub fn uses_lanes(isa: Isa, m: usize) -> bool {
-    isa == Isa::Avx2 && m >= lanes::LANES
+/// the 512-bit row-major kernel does more per instruction), unless
+/// `invariant` (the lane kernel rounds differently from the direct and
+/// row-major kernels, so with it a row's result would depend on whether
+/// it sits in a whole group of 8).
+pub fn uses_lanes(isa: Isa, m: usize, invariant: bool) -> bool {
+    isa == Isa::Avx2 && m >= lanes::LANES && !invariant
 }
 
 /// Quantizes `x[m, k]` for products under `isa`: [`QuantizedActs`], with
 /// the lane layout where [`uses_lanes`].
-pub fn quantize_acts(x: &[f32], m: usize, k: usize, p: ActPrecision, isa: Isa) -> QuantizedActs {
+pub fn quantize_acts(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    p: ActPrecision,
+    isa: Isa,
+    invariant: bool,
+) -> QuantizedActs {
     let a = QuantizedActs::with_precision(x, m, k, p);
-    if uses_lanes(isa, m) {
+    if uses_lanes(isa, m, invariant) {
         a.with_lanes()
     } else {
         a
@@ -197,6 +207,24 @@ pub fn matmul(
     accumulate: bool,
     isa: Isa,
 ) {
+    matmul_with(act, w, out, ldo, accumulate, isa, false);
+}
+
+/// [`matmul`]; with `invariant`, every row's result is the same bits
+/// whatever `act.m`: the tile kernels do the direct kernels' float
+/// operations in the same order per row (integer sums are exact; the
+/// offsets follow `tile::OffsetForm` instead of being folded into the
+/// accumulators, [`tile::Tile::exact`]) and the lane kernel is not used
+/// ([`uses_lanes`]). Without it only [`Isa::Scalar`] is invariant.
+pub fn matmul_with(
+    act: &QuantizedActs,
+    w: &QMatrix,
+    out: &mut [f32],
+    ldo: usize,
+    accumulate: bool,
+    isa: Isa,
+    invariant: bool,
+) {
     let (m, n, k) = (act.m, w.rows, w.cols);
     assert!(act.k == k && ldo >= n, "matmul: shapes");
     if m == 0 || n == 0 {
@@ -213,7 +241,7 @@ pub fn matmul(
     let dst = SendPtr(out.as_mut_ptr());
     let direct = m <= GEMV_MAX_M && gemv::supported(isa, w.ty);
     let built;
-    let lane_acts = match (&act.lanes, !direct && uses_lanes(isa, m)) {
+    let lane_acts = match (&act.lanes, !direct && uses_lanes(isa, m, invariant)) {
         (_, false) => None,
         (Some(l), true) => Some(l),
         (None, true) => {
@@ -258,6 +286,7 @@ pub fn matmul(
         // time); the panel is sized to stay in L2 (long prompts: the tiles
         // are decoded once per panel).
         let mut tile = Tile::new(w.ty, k);
+        tile.exact = invariant;
         let mut res = [[0f32; NR]; MR];
         let mut res_lanes = [[[0f32; NR]; lanes::LANES]; 2];
         let align = if lane_rows > 0 { lanes::LANES } else { MR };

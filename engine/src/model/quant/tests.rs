@@ -416,3 +416,84 @@ fn wide_decode_equals_decode_then_widen() {
         }
     }
 }
+
+/// A row's result is the same bits whatever the number of rows it is
+/// multiplied with (1..=9 and 33: the direct kernels up to
+/// [`GEMV_MAX_M`], the tile kernels above, row tails of every register
+/// block), for every type, both activation precisions and every ISA this
+/// CPU runs, with `invariant` (exact offset forms, no lane kernel).
+#[test]
+fn rows_are_bit_identical_whatever_the_batch() {
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let isas = Isa::available();
+    let names: Vec<&str> = isas
+        .iter()
+        .rev()
+        .map(|i| match i {
+            Isa::Avx512Vnni => "avx512vnni",
+            Isa::Avx2 => "avx2",
+            Isa::Scalar => "portable",
+        })
+        .collect();
+    eprintln!("quant kernels ran on: {}", names.join(", "));
+    if !isas.contains(&Isa::Avx512Vnni) {
+        eprintln!("quant kernels: this CPU lacks AVX-512 VNNI; its kernels were not run");
+    }
+    let n = 13;
+    for ty in QuantType::ALL {
+        let kb = ty.block_len();
+        // 32-block types: also k = 32 mod 64 (the 512-bit kernels' half
+        // step).
+        let ks: &[usize] = if kb == 32 {
+            &[23 * 32, 24 * 32]
+        } else {
+            &[2 * kb, 3 * kb]
+        };
+        for &k in ks {
+            let w = qmatrix(ty, n, k, &mut rng);
+            let m_max = 33;
+            let x: Vec<f32> = (0..m_max * k)
+                .map(|i| rng.gen_range(-2.0..2.0) * if i % 97 == 0 { 8.0 } else { 1.0 })
+                .collect();
+            for p in [ActPrecision::Two8, ActPrecision::One8] {
+                for &isa in &isas {
+                    for invariant in [false, true] {
+                        let product = |rows: &[f32], m: usize| {
+                            let act = quantize_acts(rows, m, k, p, isa, invariant);
+                            let mut out = vec![f32::NAN; m * n];
+                            matmul_with(&act, &w, &mut out, n, false, isa, invariant);
+                            out
+                        };
+                        let alone: Vec<Vec<f32>> = (0..m_max)
+                            .map(|r| product(&x[r * k..(r + 1) * k], 1))
+                            .collect();
+                        // Without `invariant` only the portable kernels are.
+                        if !invariant && isa != Isa::Scalar {
+                            continue;
+                        }
+                        for m in (1..=9).chain([m_max]) {
+                            // The batch starts at a different row each time,
+                            // so a row sits at several places of the blocks.
+                            let r0 = (m * 5) % (m_max - m + 1);
+                            let out = product(&x[r0 * k..(r0 + m) * k], m);
+                            for r in 0..m {
+                                let (got, want) = (&out[r * n..(r + 1) * n], &alone[r0 + r]);
+                                let same = got
+                                    .iter()
+                                    .zip(want)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                                assert!(
+                                    same,
+                                    "{} k {k} {p:?} {isa:?} invariant {invariant}: row {} of {m} \
+                                     differs from the row alone:\n{got:?}\n{want:?}",
+                                    ty.name(),
+                                    r0 + r
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -49,6 +49,16 @@ pub struct Tile {
     pub signed: bool,
     /// True when `bb` may be non-zero.
     pub has_offset: bool,
+    /// The kernels reproduce the direct kernels' offset arithmetic
+    /// ([`OffsetForm`]; batch-invariant rows) instead of folding the
+    /// offsets into their accumulators (cheaper). Set by the caller
+    /// (`quant::matmul_with`'s `invariant`); false from [`Tile::new`].
+    pub exact: bool,
+    /// [`OffsetForm::Pairs`] types only: `bb` again, per 4 groups of 16
+    /// (one 64-level kernel step) the [`NR`] rows' 4 offsets in a row
+    /// (`[kp / 64, NR, 4]`), filled by [`Tile::decode`] for the 512-bit
+    /// kernel's offset pass.
+    pub bbq: Vec<f32>,
     /// `[NR, kp]` the true levels as i16 (filled by [`Tile::widen`] for
     /// the lane kernel; empty until then): the level offset taken out of
     /// every type whose offset is only that (the signed types' 128,
@@ -65,6 +75,43 @@ pub struct Tile {
     q: Vec<i8>,
     a: Vec<f32>,
     b: Vec<f32>,
+}
+
+/// How a type's offsets (`bb`) meet the activations' 16-sums: the direct
+/// kernels' arithmetic ([`super::gemv`]), which the tile kernels
+/// reproduce operation for operation so that a row's result does not
+/// depend on which path (so on how many rows) computed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetForm {
+    /// No offset (`Q8_0`, `Q8_K`: the 128 is taken out in integers).
+    None,
+    /// `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`: one offset per 32-block against
+    /// the block's two 16-sums (AVX2: `fma(bb, s0 + s1, o)` per block in
+    /// one chain; AVX-512: one chain per 16-group mod 4, `fma(bb, s, o)`,
+    /// summed `(c0 + c2) + (c1 + c3)`).
+    Pairs,
+    /// `Q4_K`, `Q5_K`: per 32-sub-block `bb * (s0 + s1)` (AVX2: unfused,
+    /// one chain; AVX-512: 8 chains, one per sub-block of a 256-block,
+    /// fused, then [`super::kernels::x86::hsum`]).
+    Sub32,
+    /// `Q6_K`: per 16-half (AVX2: `o + (b0 s0 + b1 s1)` per 32-block;
+    /// AVX-512: 16 chains, one per half of a 256-block, fused, then
+    /// reduced).
+    Half16,
+    /// `Q2_K`, `Q3_K` (no direct kernel, always tiles): folded into the
+    /// kernels' accumulators.
+    Folded,
+}
+
+/// The [`OffsetForm`] of `ty`.
+pub fn offset_form(ty: QuantType) -> OffsetForm {
+    match ty {
+        QuantType::Q8_0 | QuantType::Q8K => OffsetForm::None,
+        QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 => OffsetForm::Pairs,
+        QuantType::Q4K | QuantType::Q5K => OffsetForm::Sub32,
+        QuantType::Q6K => OffsetForm::Half16,
+        QuantType::Q2K | QuantType::Q3K => OffsetForm::Folded,
+    }
 }
 
 /// The level offset that makes a type's levels non-negative.
@@ -99,6 +146,12 @@ impl Tile {
             bb: vec![0.0; NR * kp / GROUP],
             signed: off == 128,
             has_offset: (off != 0 && off != 128) || ty.has_offset(),
+            exact: false,
+            bbq: if offset_form(ty) == OffsetForm::Pairs {
+                vec![0.0; NR * kp / GROUP]
+            } else {
+                Vec::new()
+            },
             w16: Vec::new(),
             w16_offset: true,
             rows: 0,
@@ -139,6 +192,15 @@ impl Tile {
                 bb,
                 (&mut self.q, &mut self.a, &mut self.b),
             );
+        }
+        if self.exact && !self.bbq.is_empty() {
+            // [step][row][4]: rows past `nr` and groups past k / 16 are
+            // zero in `bb`, so here too.
+            for (s, q) in self.bbq.chunks_exact_mut(4 * NR).enumerate() {
+                for (t, qt) in q.chunks_exact_mut(4).enumerate() {
+                    qt.copy_from_slice(&self.bb[t * gp + 4 * s..t * gp + 4 * s + 4]);
+                }
+            }
         }
     }
 
