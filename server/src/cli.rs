@@ -23,6 +23,13 @@ use crate::kv_events::KvEventsConfig;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
+pub mod lora;
+
+/// `range::positive` for the flags of submodules.
+fn range_positive(s: &str) -> Result<usize, String> {
+    range::positive(s)
+}
+
 /// A PagedAttention LLM serving engine with an OpenAI-compatible API.
 ///
 /// Engine flags (model, KV cache, scheduler, device) may be written before or
@@ -348,6 +355,8 @@ pub struct EngineArgs {
     /// field, a bad value or an endpoint that cannot be bound stops startup.
     #[arg(long, global = true, value_name = "JSON", value_parser = KvEventsConfig::parse)]
     pub kv_events_config: Option<KvEventsConfig>,
+    #[command(flatten)]
+    pub lora: lora::LoraArgs,
 }
 
 /// What `serve` runs with: the engine flags and the HTTP flags.

@@ -33,6 +33,8 @@ pub struct EngineOptions {
     pub enable_prefix_caching: bool,
     /// Waiting limit and output-stream bounds of the engine handle.
     pub handle: HandleConfig,
+    /// `--enable-lora`: the `--max-loras` slots (`None`: adapters off).
+    pub max_loras: Option<usize>,
 }
 
 /// [`Backend`] over the real engine.
@@ -72,6 +74,9 @@ impl EngineBackend {
         )?;
         if let Some(sink) = kv_events {
             engine.set_kv_event_sink(sink);
+        }
+        if let Some(n) = opts.max_loras {
+            engine.enable_lora(n).context("--enable-lora")?;
         }
         let handle = EngineHandle::spawn(engine, opts.handle)?;
         Ok(Self {
@@ -170,6 +175,10 @@ impl Backend for EngineBackend {
     fn validate(&self, req: &EngineRequest) -> Result<(), EngineError> {
         self.handle
             .validate(req.prompt_token_ids.clone(), req.params.clone())
+    }
+
+    fn lora_names(&self) -> engine::engine_loop::LoraNames {
+        self.handle.lora_names()
     }
 
     fn stats(&self) -> BackendStats {

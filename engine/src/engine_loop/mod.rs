@@ -34,6 +34,7 @@
 
 mod count_slots;
 mod handle;
+mod lora;
 mod mixed;
 mod overlap;
 mod sample;
@@ -51,6 +52,7 @@ use crate::scheduler::{
     validate_request, Ahead, Outputs, RequestId, RequestParams, SampleTarget, Scheduler,
     SchedulerConfig, SchedulerOutput, SchedulerStats, ValidRequest,
 };
+pub use lora::LoraNames;
 pub use overlap::OverlapStats;
 use overlap::{ExecWorker, InFlight, Runner};
 use std::time::{Duration, Instant};
@@ -106,6 +108,8 @@ pub struct LlmEngine {
     count_slots: count_slots::CountSlots,
     /// Where the KV manager's events go (recording is off without one).
     kv_events: Option<Box<dyn KvEventSink>>,
+    /// LoRA adapters: the executor's support and the slot table (`lora.rs`).
+    lora: lora::EngineLora,
 }
 
 impl LlmEngine {
@@ -131,6 +135,7 @@ impl LlmEngine {
             )));
         }
         let caps = executor.capabilities();
+        let lora = lora::EngineLora::new(executor.supports_lora());
         let runner = if config.scheduler.async_scheduling {
             Runner::Worker(ExecWorker::spawn(executor)?)
         } else {
@@ -147,6 +152,7 @@ impl LlmEngine {
             grammars: GrammarStates::default(),
             count_slots: count_slots::CountSlots::new(caps.count_slots),
             kv_events: None,
+            lora,
         })
     }
 
@@ -286,6 +292,10 @@ impl LlmEngine {
         sched: &SchedulerOutput,
         sampling: &Sampling,
     ) -> (Result<StepOutput, ExecError>, Vec<Option<Mask>>) {
+        let lora = match self.lora.place(sched) {
+            Ok(l) => l,
+            Err(e) => return (Err(e), Vec::new()),
+        };
         let scheduler = &self.scheduler;
         let grammars = &mut self.grammars;
         let work = mask_work(scheduler, grammars, &sched.targets);
@@ -294,7 +304,7 @@ impl LlmEngine {
         };
         if work.is_empty() {
             return (
-                executor.execute(&sched.ops, &sched.batch, sampling),
+                executor.execute_lora(&sched.ops, &sched.batch, &lora, sampling),
                 Vec::new(),
             );
         }
@@ -304,7 +314,7 @@ impl LlmEngine {
                 let m = grammars.compute_masks(&work);
                 (m, t.elapsed())
             });
-            let result = executor.execute(&sched.ops, &sched.batch, sampling);
+            let result = executor.execute_lora(&sched.ops, &sched.batch, &lora, sampling);
             let t = Instant::now();
             let (computed, spent) = h.join().unwrap_or_else(|_| (Vec::new(), Duration::ZERO));
             (result, computed, spent, t.elapsed())
