@@ -59,7 +59,9 @@ fn path_str(p: &Path) -> String {
 #[test]
 fn adapters_match_their_merged_models() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let names = ["zero", "qv-r8", "all-r16"];
+    // The zero adapter proves the reference; all-r16 adapts all seven
+    // targets (fused q/k/v and gate/up by column, o and down accumulated).
+    let names = ["zero", "all-r16"];
     let files: Vec<(PathBuf, PathBuf)> = names
         .iter()
         .map(|n| write_reference(&base(), tmp.path(), n, true).expect("reference"))
@@ -76,7 +78,7 @@ fn adapters_match_their_merged_models() {
         "0.1",
         "--enable-lora",
         "--max-loras",
-        "3",
+        "2",
         "--lora-modules",
     ];
     argv.extend(modules.iter().map(String::as_str));
@@ -111,9 +113,11 @@ fn adapters_match_their_merged_models() {
             }
         }
     }
+    // all-r16 changes the ids of at least one prompt (both prompts' ids must
+    // still equal the merged model's).
     assert!(
-        changed >= 2,
-        "the random adapters must change greedy outputs ({changed} changed)"
+        changed >= 1,
+        "the random adapter must change greedy outputs ({changed} changed)"
     );
 }
 
