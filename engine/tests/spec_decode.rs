@@ -158,11 +158,11 @@ fn sampled(i: usize) -> RequestParams {
     p.sampling.top_p = 0.95;
     p.sampling.top_k = Some(50);
     p.sampling.seed = Some(1000 + i as u64);
-    if i % 2 == 1 {
+    if !i.is_multiple_of(2) {
         p.sampling.presence_penalty = 0.4;
         p.sampling.repetition_penalty = 1.1;
     }
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         p.sampling.logit_bias = vec![(7, 2.0)];
         p.sampling.min_tokens = 5;
         p.ignore_eos = false;

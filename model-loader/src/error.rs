@@ -85,6 +85,19 @@ pub enum LoaderError {
         cols: usize,
         out_len: usize,
     },
+    /// A LoRA adapter file the loader needs is not there.
+    #[error("LoRA adapter {path}: missing file {file}")]
+    LoraMissingFile { path: PathBuf, file: &'static str },
+    /// The adapter's rank is above the server's limit (`--max-lora-rank`).
+    #[error("LoRA adapter rank {rank} is above the maximum {max} (--max-lora-rank)")]
+    LoraRankTooLarge { rank: usize, max: usize },
+    /// The adapter targets a module the engine does not adapt.
+    #[error("LoRA adapter targets module {module:?}; supported: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj")]
+    LoraUnknownTarget { module: String },
+    /// The adapter's configuration or contents are not a LoRA adapter the
+    /// engine can apply (the message names what).
+    #[error("invalid LoRA adapter: {0}")]
+    LoraInvalid(String),
 }
 
 impl LoaderError {

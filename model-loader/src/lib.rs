@@ -19,6 +19,8 @@ pub mod generation;
 pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
+pub mod lora;
+pub mod lora_gen;
 pub mod memory;
 pub mod quant;
 pub mod reader;

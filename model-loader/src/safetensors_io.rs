@@ -184,6 +184,29 @@ impl SafetensorsSet {
         Ok(Self { files, index })
     }
 
+    /// Opens one safetensors file (a PEFT adapter's `adapter_model.safetensors`).
+    pub fn open_file(path: &Path) -> Result<Self> {
+        let f = StFile::open(path)?;
+        let index = f.entries.keys().map(|t| (t.clone(), 0)).collect();
+        Ok(Self {
+            files: vec![f],
+            index,
+        })
+    }
+
+    /// Every tensor name, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.index.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The shape of tensor `name`, if present.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        let f = &self.files[*self.index.get(name)?];
+        f.entries.get(name).map(|e| e.shape.as_slice())
+    }
+
     /// Whether a tensor is present.
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)

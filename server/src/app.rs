@@ -63,6 +63,7 @@ pub fn engine_options(
             speculative: args.speculative_config.clone(),
         },
         block_size: args.block_size,
+        max_loras: args.lora.enable_lora.then_some(args.lora.max_loras),
         executor: ExecutorRequest {
             device: match args.device {
                 DeviceArg::Auto => DeviceKind::Auto,
@@ -194,6 +195,7 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
     };
     let (backend, kv_event_stats) = start_engine(&args.engine, reader, &info, handle)?;
     let defaults = generation_defaults(&args.engine.generation_config, &info)?;
+    let lora_config = info.config.clone();
     let ModelInfo {
         tokenizer,
         chat_template,
@@ -246,6 +248,7 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         state.metrics.set_kv_events(stats);
     }
     state.max_body_bytes = args.http.max_body_bytes;
+    crate::lora::setup(&mut state, &args.engine.lora, lora_config)?;
     state.cors = crate::cors::Cors::from_flags(
         args.http.allowed_origins.clone(),
         args.http.allowed_methods.clone(),

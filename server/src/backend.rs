@@ -151,6 +151,10 @@ pub trait Backend: Send + Sync + 'static {
     fn validate(&self, req: &EngineRequest) -> Result<(), EngineError>;
     /// Counters for `/metrics`.
     fn stats(&self) -> BackendStats;
+    /// LoRA adapter names of running and waiting requests (`/metrics`).
+    fn lora_names(&self) -> engine::engine_loop::LoraNames {
+        Default::default()
+    }
     /// Limits for validation.
     fn limits(&self) -> BackendLimits;
     /// Stops accepting work and aborts or drains what is in flight.

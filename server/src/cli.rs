@@ -23,6 +23,13 @@ use crate::kv_events::KvEventsConfig;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
+pub mod lora;
+
+/// `range::positive` for the flags of submodules.
+fn range_positive(s: &str) -> Result<usize, String> {
+    range::positive(s)
+}
+
 /// A PagedAttention LLM serving engine with an OpenAI-compatible API.
 ///
 /// Engine flags (model, KV cache, scheduler, device) may be written before or
@@ -367,6 +374,8 @@ pub struct EngineArgs {
     /// refused with 400. An unknown field or a bad value stops startup.
     #[arg(long, global = true, value_name = "JSON", value_parser = crate::spec_config::parse)]
     pub speculative_config: Option<engine::spec::SpecConfig>,
+    #[command(flatten)]
+    pub lora: lora::LoraArgs,
 }
 
 /// What `serve` runs with: the engine flags and the HTTP flags.

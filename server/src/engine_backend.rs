@@ -34,6 +34,8 @@ pub struct EngineOptions {
     pub enable_prefix_caching: bool,
     /// Waiting limit and output-stream bounds of the engine handle.
     pub handle: HandleConfig,
+    /// `--enable-lora`: the `--max-loras` slots (`None`: adapters off).
+    pub max_loras: Option<usize>,
 }
 
 /// [`Backend`] over the real engine.
@@ -105,6 +107,9 @@ impl EngineBackend {
         {
             let vocab = reader.config().vocab_size;
             engine.set_proposer(Box::new(draft_proposer(model, cpu_types, opts, vocab)?));
+        }
+        if let Some(n) = opts.max_loras {
+            engine.enable_lora(n).context("--enable-lora")?;
         }
         let handle = EngineHandle::spawn(engine, opts.handle)?;
         Ok(Self {
@@ -208,6 +213,10 @@ impl Backend for EngineBackend {
     fn validate(&self, req: &EngineRequest) -> Result<(), EngineError> {
         self.handle
             .validate(req.prompt_token_ids.clone(), req.params.clone())
+    }
+
+    fn lora_names(&self) -> engine::engine_loop::LoraNames {
+        self.handle.lora_names()
     }
 
     fn stats(&self) -> BackendStats {

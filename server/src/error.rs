@@ -43,6 +43,15 @@ pub enum ApiError {
     /// The path is unknown.
     #[error("Not found: {0}")]
     NotFound(String),
+    /// `/v1/unload_lora_adapter` names no loaded adapter (vLLM's message).
+    #[error("The lora adapter '{0}' cannot be found.")]
+    LoraNotFound(String),
+    /// `/v1/load_lora_adapter` names an adapter already loaded (vLLM's message).
+    #[error("The lora adapter '{0}' has already been loaded.")]
+    LoraAlreadyLoaded(String),
+    /// The adapter's files are missing or not an adapter for the base model.
+    #[error("Failed to load LoRA adapter '{name}': {reason}")]
+    LoraInvalid { name: String, reason: String },
     /// The path exists with other methods.
     #[error("Method {method} not allowed for {path}")]
     MethodNotAllowed { method: String, path: String },
@@ -104,8 +113,12 @@ impl ApiError {
             | ApiError::WrongType(_)
             | ApiError::BadField(_)
             | ApiError::InvalidValue { .. }
-            | ApiError::ContextTooLong(_) => StatusCode::BAD_REQUEST,
-            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            | ApiError::ContextTooLong(_)
+            | ApiError::LoraAlreadyLoaded(_)
+            | ApiError::LoraInvalid { .. } => StatusCode::BAD_REQUEST,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) | ApiError::LoraNotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -121,7 +134,9 @@ impl ApiError {
     /// OpenAI's error `type`.
     fn kind(&self) -> &'static str {
         match self {
-            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => "NotFoundError",
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) | ApiError::LoraNotFound(_) => {
+                "NotFoundError"
+            }
             ApiError::Unauthorized => "AuthenticationError",
             ApiError::Overloaded(_) => "RateLimitError",
             ApiError::ShuttingDown => "ServiceUnavailableError",

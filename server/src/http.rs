@@ -61,6 +61,10 @@ pub struct AppState {
     /// Sampling defaults for fields a request leaves out
     /// (`--generation-config`; none unless startup sets them).
     pub generation_defaults: model_loader::GenerationDefaults,
+    /// The served LoRA adapters (`--enable-lora`; `None`: off).
+    pub loras: Option<Arc<crate::lora::LoraRegistry>>,
+    /// vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING`: the load/unload routes exist.
+    pub runtime_lora_updating: bool,
 }
 
 impl AppState {
@@ -84,6 +88,8 @@ impl AppState {
             grammars: Default::default(),
             next_id: AtomicU64::new(0),
             generation_defaults: Default::default(),
+            loras: None,
+            runtime_lora_updating: false,
         }
     }
 
@@ -95,6 +101,7 @@ impl AppState {
             limits: self.backend.limits(),
             grammars: &self.grammars,
             defaults: self.generation_defaults,
+            loras: self.loras.as_deref(),
         }
     }
 }
@@ -134,10 +141,12 @@ enum Route {
     Metrics,
     Tokenize,
     Detokenize,
+    LoadLora,
+    UnloadLora,
 }
 
 /// Every route: path, method (GET also answers HEAD), handler.
-const ROUTES: [(&str, Method, Route); 7] = [
+const ROUTES: [(&str, Method, Route); 9] = [
     ("/v1/completions", Method::POST, Route::Completions),
     ("/v1/chat/completions", Method::POST, Route::Chat),
     ("/v1/models", Method::GET, Route::Models),
@@ -145,6 +154,8 @@ const ROUTES: [(&str, Method, Route); 7] = [
     ("/metrics", Method::GET, Route::Metrics),
     ("/tokenize", Method::POST, Route::Tokenize),
     ("/detokenize", Method::POST, Route::Detokenize),
+    ("/v1/load_lora_adapter", Method::POST, Route::LoadLora),
+    ("/v1/unload_lora_adapter", Method::POST, Route::UnloadLora),
 ];
 
 fn route(method: &Method, path: &str) -> Result<Route, ApiError> {
@@ -326,17 +337,41 @@ async fn dispatch(
     }
     match r {
         Route::Health => Ok(full(StatusCode::OK, "text/plain", "")),
-        Route::Models => Ok(json_response(&response::models(
-            &state.served_model_name,
-            state.started,
-            state.backend.limits().max_model_len,
-        ))),
+        Route::Models => {
+            let mut v = response::models(
+                &state.served_model_name,
+                state.started,
+                state.backend.limits().max_model_len,
+            );
+            if let (Some(l), Some(data)) = (&state.loras, v["data"].as_array_mut()) {
+                data.extend(crate::lora::model_cards(l, state.started));
+            }
+            Ok(json_response(&v))
+        }
+        Route::LoadLora | Route::UnloadLora => {
+            let (Some(loras), true) = (&state.loras, state.runtime_lora_updating) else {
+                return Err(ApiError::NotFound(req.uri.path().to_string()));
+            };
+            let body = read_body(state, req, body).await?;
+            let msg = if r == Route::LoadLora {
+                let wire: crate::lora::LoadLoraRequest = parse(&body)?;
+                let loras = Arc::clone(loras);
+                tokio::task::spawn_blocking(move || crate::lora::load(&loras, &wire))
+                    .await
+                    .map_err(|e| ApiError::Internal(format!("adapter loading task: {e}")))??
+            } else {
+                let wire: crate::lora::UnloadLoraRequest = parse(&body)?;
+                crate::lora::unload(loras, &wire)?
+            };
+            Ok(full(StatusCode::OK, "text/plain; charset=utf-8", msg))
+        }
         Route::Metrics => Ok(full(
             StatusCode::OK,
             "text/plain; version=0.0.4",
             state
                 .metrics
-                .render(&state.backend.stats(), &state.served_model_name),
+                .render(&state.backend.stats(), &state.served_model_name)
+                + &crate::lora::metric(state),
         )),
         Route::Completions => {
             let body = read_body(state, req, body).await?;

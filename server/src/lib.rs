@@ -17,6 +17,7 @@ pub mod error;
 pub mod generate;
 pub mod http;
 pub mod kv_events;
+pub mod lora;
 pub mod metrics;
 pub mod protocol;
 pub mod response;

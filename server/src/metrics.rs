@@ -194,7 +194,7 @@ impl Default for Metrics {
 }
 
 /// Label value escaping of the text format: backslash, double quote, newline.
-fn escape(v: &str) -> String {
+pub(crate) fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

@@ -80,6 +80,8 @@ pub struct ValidationContext<'a> {
     /// Sampling defaults for the fields a request leaves out
     /// (`--generation-config`).
     pub defaults: GenerationDefaults,
+    /// The served LoRA adapters (`--enable-lora`; `None`: off).
+    pub loras: Option<&'a crate::lora::LoraRegistry>,
 }
 
 /// The shared fields with the model's defaults filled in where the request
@@ -103,7 +105,23 @@ pub(crate) fn check_model(
     match model {
         None => Ok(ctx.served_model_name.to_string()),
         Some(m) if m == ctx.served_model_name => Ok(m.clone()),
+        Some(m) if ctx.loras.is_some_and(|l| l.contains(m)) => Ok(m.clone()),
         Some(m) => Err(ApiError::ModelNotFound(m.clone())),
+    }
+}
+
+/// The LoRA adapter `model` names (`None`: the base model).
+fn lora_for(
+    ctx: &ValidationContext<'_>,
+    model: &str,
+) -> Result<Option<engine::scheduler::LoraRequest>, ApiError> {
+    match ctx.loras {
+        Some(l) if model != ctx.served_model_name => match l.request(model)? {
+            Some(r) => Ok(Some(r)),
+            // Unloaded since `check_model`.
+            None => Err(ApiError::ModelNotFound(model.to_string())),
+        },
+        _ => Ok(None),
     }
 }
 
@@ -381,6 +399,7 @@ pub fn completion(
     // OpenAI's completions default; chat fills the context instead.
     c.max_tokens = c.max_tokens.or(Some(16));
     let mut params = sampling(ctx, &c, logprobs)?;
+    params.lora = lora_for(ctx, &model)?;
     let echo = r.echo.unwrap_or(false);
     if echo {
         if let Some(k) = logprobs {
@@ -532,6 +551,7 @@ pub fn chat(ctx: &ValidationContext<'_>, r: &ChatRequest) -> Result<GenerateRequ
     };
     let c = with_defaults(r.common(), &ctx.defaults);
     let mut params = sampling(ctx, &c, logprobs)?;
+    params.lora = lora_for(ctx, &model)?;
     let tool_spec = crate::structured::tool_spec(&tool_mode, tools);
     constrain(ctx, &c, tool_spec, &mut params)?;
     let prompts = vec![Prompt { text, token_ids }];

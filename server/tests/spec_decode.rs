@@ -117,7 +117,6 @@ fn a_draft_that_does_not_load_stops_startup() {
         "--speculative-config",
         r#"{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}"#,
     ])
-    .err()
-    .expect("refused");
+    .expect_err("refused");
     assert!(e.to_string().contains("prompt_lookup_min"), "{e}");
 }

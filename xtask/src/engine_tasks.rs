@@ -3,7 +3,13 @@
 //! includes this file in its tests), so the two lists cannot drift apart.
 
 /// Names as typed after `cargo xtask`.
-pub const ENGINE_TASKS: &[&str] = &["gen-tiny-model", "fetch-data", "bench-serve", "bench-paper"];
+pub const ENGINE_TASKS: &[&str] = &[
+    "gen-tiny-model",
+    "fetch-data",
+    "bench-serve",
+    "bench-paper",
+    "gen-lora",
+];
 
 /// The package that holds them.
 pub const ENGINE_PACKAGE: &str = "xtask-engine";

@@ -56,6 +56,9 @@ enum Task {
     /// The paper's memory results on our engine: paged vs Orca Max/Pow2/Oracle (`--simulate` for large traces). [xtask-engine]
     #[command(disable_help_flag = true)]
     BenchPaper(Forward),
+    /// Seeded random PEFT LoRA adapters for the default model and their merged F32 GGUFs (the LoRA reference). [xtask-engine]
+    #[command(disable_help_flag = true)]
+    GenLora(Forward),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -66,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Task::FetchData(f) => forward("fetch-data", f),
         Task::BenchServe(f) => forward("bench-serve", f),
         Task::BenchPaper(f) => forward("bench-paper", f),
+        Task::GenLora(f) => forward("gen-lora", f),
     }
 }
 

@@ -31,3 +31,9 @@ pub struct BlockCopy {
     pub src: BlockId,
     pub dst: BlockId,
 }
+
+/// A LoRA adapter as the engine knows it: given once per adapter loaded
+/// (never reused for different weights), part of a request's prefix-cache
+/// key. The base model has none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LoraId(pub u32);

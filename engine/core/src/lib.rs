@@ -19,4 +19,4 @@ pub use batch::{
     SeqSpan,
 };
 pub use error::{cause, Cause, EngineError, ExecError, GpuError, KvError, Report, RequestError};
-pub use ids::{BlockCopy, BlockId, RequestId, SeqId};
+pub use ids::{BlockCopy, BlockId, LoraId, RequestId, SeqId};

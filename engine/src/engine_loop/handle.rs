@@ -88,6 +88,9 @@ struct Shared {
     stats: Mutex<EngineStats>,
     /// Requests aborted because their stream stayed full too long.
     stall_aborts: AtomicU64,
+    /// LoRA adapter names of running and of waiting requests, as of the
+    /// last step (see [`EngineHandle::lora_names`]).
+    lora_names: Mutex<super::lora::LoraNames>,
 }
 
 struct Inner {
@@ -116,6 +119,7 @@ impl EngineHandle {
             accepting: AtomicBool::new(true),
             stats: Mutex::new(engine.stats()),
             stall_aborts: AtomicU64::new(0),
+            lora_names: Mutex::new(engine.lora_names()),
         });
         let scheduler = engine.scheduler_config().clone();
         let capacity_tokens = engine.kv_capacity_tokens();
@@ -197,6 +201,15 @@ impl EngineHandle {
     /// longer than [`HandleConfig::stall_timeout`].
     pub fn stream_stall_aborts(&self) -> u64 {
         self.inner.shared.stall_aborts.load(Ordering::Relaxed)
+    }
+
+    /// The LoRA adapter names of running and of waiting requests as of the
+    /// last step (`vllm:lora_requests_info`).
+    pub fn lora_names(&self) -> super::lora::LoraNames {
+        match self.inner.shared.lora_names.lock() {
+            Ok(n) => n.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
     }
 
     /// The counters as of the last step.
@@ -570,6 +583,11 @@ impl EngineThread {
             .store(stats.scheduler.num_waiting, Ordering::Release);
         if let Ok(mut s) = self.shared.stats.lock() {
             *s = stats;
+        }
+        if self.engine.lora_enabled() {
+            if let Ok(mut n) = self.shared.lora_names.lock() {
+                *n = self.engine.lora_names();
+            }
         }
     }
 }

@@ -35,6 +35,7 @@
 mod count_slots;
 mod draft;
 mod handle;
+mod lora;
 mod mixed;
 mod overlap;
 mod sample;
@@ -55,6 +56,7 @@ use crate::scheduler::{
 };
 use crate::spec::{NgramProposer, ProposeInput, Proposer, SpecConfig, SpecMethod};
 pub use draft::DraftProposer;
+pub use lora::LoraNames;
 pub use overlap::OverlapStats;
 use overlap::{ExecWorker, InFlight, Runner};
 use std::time::{Duration, Instant};
@@ -112,6 +114,8 @@ pub struct LlmEngine {
     kv_events: Option<Box<dyn KvEventSink>>,
     /// Speculative decoding's proposer (`None`: speculation off).
     proposer: Option<Box<dyn Proposer>>,
+    /// LoRA adapters: the executor's support and the slot table (`lora.rs`).
+    lora: lora::EngineLora,
 }
 
 impl LlmEngine {
@@ -152,6 +156,7 @@ impl LlmEngine {
             // A draft model is built by the caller: `set_proposer`.
             _ => None,
         };
+        let lora = lora::EngineLora::new(executor.supports_lora());
         let runner = if config.scheduler.async_scheduling {
             Runner::Worker(ExecWorker::spawn(executor)?)
         } else {
@@ -169,6 +174,7 @@ impl LlmEngine {
             count_slots: count_slots::CountSlots::new(caps.count_slots),
             kv_events: None,
             proposer,
+            lora,
         })
     }
 
@@ -348,6 +354,10 @@ impl LlmEngine {
         sched: &SchedulerOutput,
         sampling: &Sampling,
     ) -> (Result<StepOutput, ExecError>, Vec<Option<Mask>>) {
+        let lora = match self.lora.place(sched) {
+            Ok(l) => l,
+            Err(e) => return (Err(e), Vec::new()),
+        };
         let scheduler = &self.scheduler;
         let grammars = &mut self.grammars;
         let work = mask_work(scheduler, grammars, &sched.targets);
@@ -356,7 +366,7 @@ impl LlmEngine {
         };
         if work.is_empty() {
             return (
-                executor.execute(&sched.ops, &sched.batch, sampling),
+                executor.execute_lora(&sched.ops, &sched.batch, &lora, sampling),
                 Vec::new(),
             );
         }
@@ -366,7 +376,7 @@ impl LlmEngine {
                 let m = grammars.compute_masks(&work);
                 (m, t.elapsed())
             });
-            let result = executor.execute(&sched.ops, &sched.batch, sampling);
+            let result = executor.execute_lora(&sched.ops, &sched.batch, &lora, sampling);
             let t = Instant::now();
             let (computed, spent) = h.join().unwrap_or_else(|_| (Vec::new(), Duration::ZERO));
             (result, computed, spent, t.elapsed())

@@ -74,6 +74,8 @@ struct Job {
     ops: BlockOps,
     batch: ForwardBatch,
     sampling: Sampling,
+    /// The step's adapters (or why they could not be placed).
+    lora: Result<crate::model::lora::LoraStep, ExecError>,
 }
 
 /// A thread that owns the executor and runs the steps it is sent, in order.
@@ -91,7 +93,10 @@ impl ExecWorker {
             .name("executor".into())
             .spawn(move || {
                 for job in job_rx {
-                    let result = executor.execute(&job.ops, &job.batch, &job.sampling);
+                    let result = match &job.lora {
+                        Ok(l) => executor.execute_lora(&job.ops, &job.batch, l, &job.sampling),
+                        Err(e) => Err(e.clone()),
+                    };
                     if result_tx.send(result).is_err() {
                         break;
                     }
@@ -195,10 +200,12 @@ impl LlmEngine {
     fn launch(&mut self, mut sched: SchedulerOutput) {
         // Before the batch is moved out: a refill may read its input ids.
         let sampling = self.sampling(&sched);
+        let lora = self.lora.place(&sched);
         let job = Job {
             ops: std::mem::take(&mut sched.ops),
             batch: std::mem::take(&mut sched.batch),
             sampling,
+            lora,
         };
         if let Runner::Worker(w) = &self.runner {
             w.submit(job);

@@ -11,13 +11,19 @@ pub mod generate;
 
 use super::{BlockOps, Capabilities, ExecError, Executor, ForwardBatch, Sampling, StepOutput};
 use crate::kv::{BlockCopy, BlockId};
+use crate::model::cpu_backend::CpuLora;
+use crate::model::lora::kernel::{Prepared, RowGroups};
+use crate::model::lora::{LoraId, LoraStep};
 use crate::model::{CpuModel, KvCache, KvDtype};
+use std::sync::Arc;
 
 /// Runs a [`CpuModel`] on the CPU over a paged KV cache.
 pub struct CpuExecutor {
     model: CpuModel,
     device: KvCache,
     host: KvCache,
+    /// Each LoRA slot's adapter in the kernel's layout, keyed by its id.
+    lora: Vec<Option<(LoraId, Arc<Prepared>)>>,
 }
 
 impl CpuExecutor {
@@ -54,7 +60,21 @@ impl CpuExecutor {
             model,
             device,
             host,
+            lora: Vec::new(),
         })
+    }
+
+    /// Makes the executor's prepared slots match the step's slot table:
+    /// a slot whose adapter id changed is prepared again (a slot fill).
+    fn fill_lora_slots(&mut self, step: &LoraStep) {
+        self.lora.resize(step.slots.len(), None);
+        for (mine, theirs) in self.lora.iter_mut().zip(&step.slots) {
+            match theirs {
+                None => *mine = None,
+                Some(e) if mine.as_ref().is_some_and(|(id, _)| *id == e.id) => {}
+                Some(e) => *mine = Some((e.id, Arc::new(Prepared::new(&e.adapter)))),
+            }
+        }
     }
 
     /// Sizes both pools from byte budgets (`--kv-cache-memory`, `--swap-space`):
@@ -174,10 +194,48 @@ impl Executor for CpuExecutor {
                 "the CPU executor returns logits; the host draws".into(),
             ));
         }
+        self.execute_lora(ops, batch, &LoraStep::default(), sampling)
+    }
+
+    fn supports_lora(&self) -> bool {
+        true
+    }
+
+    fn execute_lora(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        lora: &LoraStep,
+        sampling: &Sampling,
+    ) -> Result<StepOutput, ExecError> {
+        if *sampling != Sampling::Host {
+            return Err(ExecError::InvalidConfig(
+                "the CPU executor returns logits; the host draws".into(),
+            ));
+        }
+        lora.validate(batch.seqs.len())?;
         self.apply_block_ops(ops)?;
-        Ok(StepOutput::Logits(
-            self.model.forward(batch, &mut self.device)?,
-        ))
+        if lora.is_empty() {
+            return Ok(StepOutput::Logits(
+                self.model.forward(batch, &mut self.device)?,
+            ));
+        }
+        self.fill_lora_slots(lora);
+        let prepared: Vec<Option<Arc<Prepared>>> = self
+            .lora
+            .iter()
+            .map(|s| s.as_ref().map(|(_, p)| Arc::clone(p)))
+            .collect();
+        let groups = RowGroups::new(lora, batch.seqs.iter().map(|s| s.query_len));
+        let run = CpuLora {
+            prepared: &prepared,
+            groups: &groups,
+        };
+        Ok(StepOutput::Logits(self.model.forward_lora(
+            batch,
+            &mut self.device,
+            Some(run),
+        )?))
     }
 
     fn vocab_size(&self) -> usize {

@@ -18,6 +18,7 @@ pub use cpu::generate::{argmax, generate_greedy, ContiguousLayout};
 pub use cpu::CpuExecutor;
 pub use select::{build_executor, BuiltExecutor, DeviceKind, ExecutorRequest, WeightInput};
 
+use crate::model::lora::LoraStep;
 use crate::sampler::device::{DeviceDraws, DeviceOut};
 
 pub use types::{
@@ -103,6 +104,30 @@ pub trait Executor: Send {
         batch: &ForwardBatch,
         sampling: &Sampling,
     ) -> Result<StepOutput, ExecError>;
+
+    /// Whether [`Self::execute_lora`] applies adapters (the CPU executor
+    /// does; the GPU executor refuses them for now).
+    fn supports_lora(&self) -> bool {
+        false
+    }
+
+    /// [`Self::execute`] with the step's LoRA adapters. The default runs a
+    /// step without adapters and refuses one with adapters (a typed
+    /// `InvalidConfig`, nothing run).
+    fn execute_lora(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        lora: &LoraStep,
+        sampling: &Sampling,
+    ) -> Result<StepOutput, ExecError> {
+        if !lora.is_empty() {
+            return Err(ExecError::InvalidConfig(
+                "this executor does not apply LoRA adapters (the CPU executor does)".into(),
+            ));
+        }
+        self.execute(ops, batch, sampling)
+    }
 
     /// Vocabulary size of the loaded model.
     fn vocab_size(&self) -> usize;

@@ -103,6 +103,47 @@ pub trait KvCacheManager: Send {
     /// appended; the caller appends the rest.
     fn allocate(&mut self, seq: SeqId, prompt: &[u32], hint: LengthHint) -> Result<usize, KvError>;
 
+    /// [`Self::can_admit`] for a sequence whose prefix-cache key is `extra`
+    /// (a LoRA adapter's id): only blocks cached under the same key count.
+    /// The default suits managers without a prefix cache.
+    fn can_admit_keyed(
+        &self,
+        prompt: &[u32],
+        num_seqs: usize,
+        hint: LengthHint,
+        extra: Option<u64>,
+    ) -> AdmitDecision {
+        let _ = extra;
+        self.can_admit(prompt, num_seqs, hint)
+    }
+
+    /// [`Self::allocate`] under the prefix-cache key `extra`: blocks are
+    /// shared only between sequences with the same key (forks inherit it).
+    /// The default suits managers without a prefix cache.
+    fn allocate_keyed(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        hint: LengthHint,
+        extra: Option<u64>,
+    ) -> Result<usize, KvError> {
+        let _ = extra;
+        self.allocate(seq, prompt, hint)
+    }
+
+    /// [`Self::allocate_uncached`] under the prefix-cache key `extra` (the
+    /// blocks it fills are registered under that key).
+    fn allocate_uncached_keyed(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        hint: LengthHint,
+        extra: Option<u64>,
+    ) -> Result<usize, KvError> {
+        let _ = extra;
+        self.allocate_uncached(seq, prompt, hint)
+    }
+
     /// [`Self::allocate`] without reusing any cached prefix (returns 0): for
     /// requests that need every prompt position computed (prompt logprobs).
     /// The default suits managers without a prefix cache; a manager with one

@@ -506,6 +506,36 @@ impl KvCacheManager for PagedKvCacheManager {
         self.register(seq, prompt, None, false)
     }
 
+    fn can_admit_keyed(
+        &self,
+        prompt: &[u32],
+        num_seqs: usize,
+        _hint: LengthHint,
+        extra: Option<u64>,
+    ) -> AdmitDecision {
+        self.can_admit_with_extra_key(prompt, num_seqs, extra)
+    }
+
+    fn allocate_keyed(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        _hint: LengthHint,
+        extra: Option<u64>,
+    ) -> Result<usize, KvError> {
+        self.allocate_with_extra_key(seq, prompt, extra)
+    }
+
+    fn allocate_uncached_keyed(
+        &mut self,
+        seq: SeqId,
+        prompt: &[u32],
+        _hint: LengthHint,
+        extra: Option<u64>,
+    ) -> Result<usize, KvError> {
+        self.register(seq, prompt, extra, false)
+    }
+
     fn blocks_needed_to_append(&self, seq: SeqId, num_tokens: usize) -> Result<usize, KvError> {
         let (cow, new_blocks) = self.append_plan(self.resident(seq)?, num_tokens);
         Ok(usize::from(cow) + new_blocks)

@@ -168,6 +168,22 @@ pub trait Backend {
         accumulate: bool,
     ) -> Result<(), Self::Error>;
 
+    /// LoRA: right after the linear layer of layer `layer` that wrote
+    /// `out` from `x`, adds each row's adapter delta `scale (x A^T) B^T`
+    /// into the columns `cols` name (fused layers: one entry per target).
+    /// The default adds nothing: a backend that is never given adapters
+    /// (the engine refuses adapter steps on such an executor).
+    fn lora(
+        &mut self,
+        out: Act,
+        x: Act,
+        layer: usize,
+        cols: &[super::lora::LoraCols],
+    ) -> Result<(), Self::Error> {
+        let _ = (out, x, layer, cols);
+        Ok(())
+    }
+
     /// In place on the q/k/v slot: each query head's and each key head's
     /// `head_dim` values RMS-normed with `q` and `k` (Gemma 3).
     fn head_norms(

@@ -18,11 +18,14 @@ use super::backend::{Act, ActWidths, Backend, Format, Gate, LayerAttn, WeightSin
 use super::batch::validate;
 use super::kv_cache::{KvCache, KvGeometry};
 use super::linear::{Linear, LinearWeight};
+use super::lora::kernel::{apply, Prepared, RowGroups};
+use super::lora::LoraCols;
 use super::ops::{embed, gelu_tanh_mul, rms_norm, rms_norm_in_place, silu_mul, RopeTables};
 use super::quant::{ActPrecision, QMatrix};
 use super::ModelError;
 use engine_core::{ExecError, ForwardBatch, Logits};
 use model_loader::{ModelConfig, ModelWeights, Weight};
+use std::sync::Arc;
 
 /// The CPU's weight formats.
 #[derive(Debug, Clone, Copy)]
@@ -124,6 +127,17 @@ impl CpuModel {
     /// Runs one forward pass: writes this step's K/V into `cache` and returns
     /// the logits of `batch.logits_rows`, in that order.
     pub fn forward(&self, batch: &ForwardBatch, cache: &mut KvCache) -> Result<Logits, ExecError> {
+        self.forward_lora(batch, cache, None)
+    }
+
+    /// [`Self::forward`] with LoRA adapters: `lora` holds each slot's
+    /// prepared adapter and the step's rows per slot.
+    pub fn forward_lora(
+        &self,
+        batch: &ForwardBatch,
+        cache: &mut KvCache,
+        lora: Option<CpuLora<'_>>,
+    ) -> Result<Logits, ExecError> {
         let d = self.dims();
         let geom = cache.geometry();
         if geom.num_layers != d.layers
@@ -146,6 +160,7 @@ impl CpuModel {
             });
         }
         let mut step = CpuStep::new(batch, cache, d);
+        step.lora = lora;
         self.run(&mut step)?;
         step.logits
             .take()
@@ -181,6 +196,16 @@ pub struct CpuStep<'a> {
     /// Scratch of [`Backend::add_rms_norm`].
     tmp: Vec<f32>,
     logits: Option<Logits>,
+    /// The step's adapters (none: base model only).
+    lora: Option<CpuLora<'a>>,
+}
+
+/// A step's adapters on the CPU: each slot's prepared weights and the rows
+/// per slot.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuLora<'a> {
+    pub prepared: &'a [Option<Arc<Prepared>>],
+    pub groups: &'a RowGroups,
 }
 
 impl<'a> CpuStep<'a> {
@@ -194,6 +219,7 @@ impl<'a> CpuStep<'a> {
             bufs: Default::default(),
             tmp: Vec::new(),
             logits: None,
+            lora: None,
         }
     }
 
@@ -270,6 +296,16 @@ impl Backend for CpuStep<'_> {
         let n = self.rows();
         let (out, x) = io(&mut self.bufs, out, x)?;
         w.forward(x, n, out, accumulate);
+        Ok(())
+    }
+
+    fn lora(&mut self, out: Act, x: Act, layer: usize, cols: &[LoraCols]) -> Result<(), ExecError> {
+        let Some(l) = self.lora else {
+            return Ok(());
+        };
+        let n = self.rows();
+        let (out, x) = io(&mut self.bufs, out, x)?;
+        apply(x, out, n, l.groups, l.prepared, layer, cols);
         Ok(())
     }
 

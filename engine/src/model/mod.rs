@@ -31,6 +31,7 @@ pub mod batch;
 pub mod cpu_backend;
 pub mod kv_cache;
 pub mod linear;
+pub mod lora;
 pub mod ops;
 pub mod par;
 pub mod quant;

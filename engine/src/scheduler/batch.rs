@@ -54,6 +54,8 @@ pub(crate) struct BatchBuilder {
     pub spec: Vec<SpecTarget>,
     /// Prompt tokens computed this step (first computation or recompute).
     pub prompt_tokens: usize,
+    /// Each pushed sequence's LoRA adapter, in `batch.seqs` order.
+    pub seq_lora: Vec<Option<super::LoraRequest>>,
 }
 
 impl BatchBuilder {
@@ -101,6 +103,7 @@ impl BatchBuilder {
                 context_len: end,
                 block_table,
             });
+            self.seq_lora.push(group.params.lora.clone());
             if let Some(next) = next_prompt.filter(|_| seq_index == 0) {
                 // Row `p` scores token `p + 1`: positions start+1 ..= end,
                 // within the prompt, from the first one still missing.

@@ -36,6 +36,7 @@ mod beam;
 mod budget;
 mod config;
 mod group_ops;
+mod lora;
 mod output;
 mod phases;
 mod sequence;
@@ -46,6 +47,7 @@ pub use ahead::Ahead;
 pub use batch::{PromptTarget, SampleTarget, MAX_PROMPT_LOGPROB_ROWS};
 pub use budget::StepBudget;
 pub use config::{PreemptionMode, SchedulerConfig};
+pub use lora::LoraRequest;
 pub use output::{Outputs, RequestOutput, SeqOutput};
 pub use sequence::{
     FinishReason, Hypothesis, PromptLogprobs, QueueKey, RequestId, RequestParams, SeqStatus,
@@ -98,6 +100,8 @@ pub struct SchedulerOutput {
     pub preempted: Vec<RequestId>,
     /// Groups with tokens in `batch`.
     pub scheduled: Vec<RequestId>,
+    /// Per sequence of `batch` (`batch.seqs` order): its LoRA adapter.
+    pub seq_lora: Vec<Option<LoraRequest>>,
 }
 
 impl SchedulerOutput {
@@ -142,6 +146,9 @@ pub struct Scheduler {
     stats: SchedulerStats,
     /// Tokens that end a sequence unless `ignore_eos` (the model's EOS).
     eos_token_ids: Vec<u32>,
+    /// Most distinct LoRA adapters among running groups (0: no adapters
+    /// served; see `lora.rs`).
+    max_loras: usize,
 }
 
 impl Scheduler {
@@ -158,6 +165,7 @@ impl Scheduler {
             next_seq: 0,
             stats: SchedulerStats::default(),
             eos_token_ids: Vec::new(),
+            max_loras: 0,
         })
     }
 

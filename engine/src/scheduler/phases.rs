@@ -43,6 +43,7 @@ impl Step {
         self.out.ops.copies = self.builder.copies;
         self.out.targets = self.builder.targets;
         self.out.prompt_targets = self.builder.prompt_targets;
+        self.out.seq_lora = self.builder.seq_lora;
         self.out
     }
 }
@@ -85,6 +86,9 @@ impl Scheduler {
     pub(crate) fn schedule_swapped(&mut self, kv: &mut dyn KvCacheManager, step: &mut Step) {
         let keys: Vec<QueueKey> = self.swapped.iter().copied().collect();
         for key in keys {
+            if !self.groups.get(&key.id).is_some_and(|g| self.lora_fits(g)) {
+                continue; // --max-loras adapters already running
+            }
             let Some(group) = self.groups.get_mut(&key.id) else {
                 continue;
             };
@@ -129,6 +133,9 @@ impl Scheduler {
             if !step.budget.has_seq_room(num_seqs) {
                 break;
             }
+            if !self.lora_fits(group) {
+                continue; // --max-loras adapters already running
+            }
             // Without chunking the whole history must fit this step.
             let longest = group
                 .unfinished()
@@ -145,7 +152,7 @@ impl Scheduler {
             let decision = group
                 .unfinished()
                 .max_by_key(|s| s.tokens.len())
-                .map(|s| kv.can_admit(&s.tokens, num_seqs, hint));
+                .map(|s| kv.can_admit_keyed(&s.tokens, num_seqs, hint, group.cache_key()));
             match decision {
                 Some(AdmitDecision::Now) => {}
                 Some(AdmitDecision::Later) | None => break,
@@ -189,15 +196,16 @@ impl Scheduler {
         // A group collecting prompt logprobs computes every prompt position:
         // cached positions would never be scored (vLLM skips the cache too).
         let uncached = group.next_prompt_logprob().is_some();
+        let key_extra = group.cache_key();
         for i in 0..group.seqs.len() {
             let seq = &mut group.seqs[i];
             if seq.is_finished() {
                 continue;
             }
             let allocated = if uncached {
-                kv.allocate_uncached(seq.id, &seq.tokens, hint)
+                kv.allocate_uncached_keyed(seq.id, &seq.tokens, hint, key_extra)
             } else {
-                kv.allocate(seq.id, &seq.tokens, hint)
+                kv.allocate_keyed(seq.id, &seq.tokens, hint, key_extra)
             };
             match allocated {
                 Ok(n) => {

@@ -54,6 +54,8 @@ pub struct RequestParams {
     pub priority: i32,
     /// Temperature, top-k/p, penalties, seed, n, best_of, beam search, ...
     pub sampling: SamplingParams,
+    /// The LoRA adapter to run with (`None`: the base model).
+    pub lora: Option<super::LoraRequest>,
 }
 
 impl Default for RequestParams {
@@ -64,6 +66,7 @@ impl Default for RequestParams {
             stop_token_ids: Vec::new(),
             priority: 0,
             sampling: SamplingParams::default(),
+            lora: None,
         }
     }
 }

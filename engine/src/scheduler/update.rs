@@ -13,9 +13,9 @@
 //! 4. drawn tokens appended, each sequence finished when a stop rule says
 //!    so (its blocks freed at once);
 //! 5. beam steps (`beam.rs`) of the groups whose beams all have candidates;
-//! 5b. speculative decoding's accepted tokens appended and its rejected
+//! 6. speculative decoding's accepted tokens appended and its rejected
 //!    slots rolled back (`spec.rs`);
-//! 6. a failed step's requests aborted, and sequences left scheduled ahead
+//! 7. a failed step's requests aborted, and sequences left scheduled ahead
 //!    of a token that was never drawn aborted.
 //!
 //! Invariants:

@@ -7,6 +7,7 @@
 mod bench_paper;
 mod bench_serve;
 mod fetch_data;
+mod gen_lora;
 mod plot;
 mod tiny_model;
 mod workloads;
@@ -36,6 +37,8 @@ enum Task {
     BenchServe(bench_serve::Args),
     /// The paper's memory results on our engine: paged vs Orca Max/Pow2/Oracle (`--simulate` for large traces).
     BenchPaper(bench_paper::Args),
+    /// Seeded random PEFT LoRA adapters for the default model and their merged F32 GGUFs (the LoRA reference).
+    GenLora(gen_lora::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -44,6 +47,7 @@ fn main() -> anyhow::Result<()> {
         Task::FetchData(args) => fetch_data::run(args),
         Task::BenchServe(args) => bench_serve::run(args),
         Task::BenchPaper(args) => bench_paper::run(args),
+        Task::GenLora(args) => gen_lora::run(args),
     }
 }
 

@@ -19,8 +19,10 @@
 //! passes per layer (O(tokens x hidden) each).
 
 use super::common::{expect_t, load_ends, load_layers, Block, Ends};
+use super::lora_cols as lora;
 use super::{Dims, WeightSource};
 use crate::model::backend::{Act, Backend, Format, Gate, LayerAttn, WeightSink};
+use crate::model::lora::LoraTarget;
 use crate::model::ops::RopeTables;
 use crate::model::ModelError;
 use model_loader::{Gemma3Params, ModelConfig};
@@ -142,6 +144,7 @@ impl<F: Format> Gemma3<F> {
             let blk = &l.block;
             b.rms_norm(Act::Normed, Act::Residual, &blk.attn_norm, eps)?;
             b.linear(Act::Qkv, Act::Normed, &blk.qkv, false)?;
+            b.lora(Act::Qkv, Act::Normed, layer, &lora::qkv(d))?;
             b.head_norms(Act::Qkv, &l.q_norm, &l.k_norm, eps)?;
             let attn = LayerAttn {
                 layer,
@@ -155,11 +158,14 @@ impl<F: Format> Gemma3<F> {
             };
             b.attention(Act::Attn, Act::Qkv, &attn)?;
             b.linear(Act::Branch, Act::Attn, &blk.o, false)?;
+            b.lora(Act::Branch, Act::Attn, layer, &lora::one(LoraTarget::O))?;
             b.add_rms_norm(Act::Residual, Act::Branch, &l.post_attn_norm, eps)?;
             b.rms_norm(Act::Normed, Act::Residual, &blk.ffn_norm, eps)?;
             b.linear(Act::GateUp, Act::Normed, &blk.gate_up, false)?;
+            b.lora(Act::GateUp, Act::Normed, layer, &lora::gate_up(d))?;
             b.gated(Act::Gated, Act::GateUp, Gate::GeluTanh)?;
             b.linear(Act::Branch, Act::Gated, &blk.down, false)?;
+            b.lora(Act::Branch, Act::Gated, layer, &lora::one(LoraTarget::Down))?;
             b.add_rms_norm(Act::Residual, Act::Branch, &l.post_ffn_norm, eps)?;
         }
         b.logits(Act::Residual, &self.ends.final_norm, self.ends.head(), eps)

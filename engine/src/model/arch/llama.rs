@@ -15,8 +15,10 @@
 //! head only for the logits rows.
 
 use super::common::{load_ends, load_layers, Block, Ends};
+use super::lora_cols as lora;
 use super::{Dims, WeightSource};
 use crate::model::backend::{Act, Backend, Format, Gate, LayerAttn, WeightSink};
+use crate::model::lora::LoraTarget;
 use crate::model::ops::RopeTables;
 use crate::model::ModelError;
 use model_loader::ModelConfig;
@@ -87,6 +89,7 @@ impl<F: Format> Llama<F> {
         for (layer, l) in self.layers.iter().enumerate() {
             b.rms_norm(Act::Normed, Act::Residual, &l.attn_norm, eps)?;
             b.linear(Act::Qkv, Act::Normed, &l.qkv, false)?;
+            b.lora(Act::Qkv, Act::Normed, layer, &lora::qkv(d))?;
             let attn = LayerAttn {
                 layer,
                 rope: &self.rope,
@@ -95,10 +98,18 @@ impl<F: Format> Llama<F> {
             };
             b.attention(Act::Attn, Act::Qkv, &attn)?;
             b.linear(Act::Residual, Act::Attn, &l.o, true)?;
+            b.lora(Act::Residual, Act::Attn, layer, &lora::one(LoraTarget::O))?;
             b.rms_norm(Act::Normed, Act::Residual, &l.ffn_norm, eps)?;
             b.linear(Act::GateUp, Act::Normed, &l.gate_up, false)?;
+            b.lora(Act::GateUp, Act::Normed, layer, &lora::gate_up(d))?;
             b.gated(Act::Gated, Act::GateUp, Gate::Silu)?;
             b.linear(Act::Residual, Act::Gated, &l.down, true)?;
+            b.lora(
+                Act::Residual,
+                Act::Gated,
+                layer,
+                &lora::one(LoraTarget::Down),
+            )?;
         }
         b.logits(Act::Residual, &self.ends.final_norm, self.ends.head(), eps)
     }

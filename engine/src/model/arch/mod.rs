@@ -22,6 +22,7 @@
 pub mod common;
 pub mod gemma3;
 pub mod llama;
+pub mod lora_cols;
 
 use super::backend::{ActWidths, Backend, Format, WeightSink};
 use super::ModelError;

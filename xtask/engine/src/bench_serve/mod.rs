@@ -196,9 +196,7 @@ pub fn run(args: Args) -> Result<()> {
             "{}",
             report::table(&summary, rate, args.max_concurrency, slo.as_ref())
         );
-        let spec = before
-            .zip(after)
-            .map(|(b, a)| spec::summarize(&b, &a));
+        let spec = before.zip(after).map(|(b, a)| spec::summarize(&b, &a));
         if let Some(s) = &spec {
             print!("{}", spec::report(s));
         }
