@@ -396,6 +396,73 @@ mod tests {
         }
     }
 
+    /// Resident KiB of the mapping that holds `addr` (`/proc/self/smaps`).
+    #[cfg(target_os = "linux")]
+    fn mapping_rss_kib(addr: usize) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().and_then(|r| {
+                let (a, b) = r.split_once('-')?;
+                Some((
+                    usize::from_str_radix(a, 16).ok()?,
+                    usize::from_str_radix(b, 16).ok()?,
+                ))
+            });
+            match range {
+                // A mapping's header ("start-end perms ..."); its fields follow.
+                Some((a, b)) => inside = a <= addr && addr < b,
+                None if inside => {
+                    if let Some(kb) = line.strip_prefix("Rss:") {
+                        return kb.split_whitespace().next()?.parse().ok();
+                    }
+                }
+                None => {}
+            }
+        }
+        None
+    }
+
+    /// A pool's pages become resident only as blocks are written: a 128 MiB
+    /// K array (above any allocator's mmap threshold, so fresh pages of its
+    /// own) holds almost nothing after allocation and one written block,
+    /// and what was written reads back. A writing pass at allocation
+    /// (`vec![f16::ZERO; n]`, a warm-up) would make all of it resident.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn pools_are_resident_only_where_written() {
+        let g = KvGeometry {
+            num_layers: 1,
+            num_blocks: 16384,
+            block_size: 16,
+            num_kv_heads: 4,
+            head_dim: 64,
+        };
+        let array_kib = (g.num_blocks * g.block_elems() * 2 / 1024) as u64;
+        assert_eq!(array_kib, 128 * 1024);
+        let mut pool = KvCache::with_dtype(g, KvDtype::F16);
+        let LayerKv::F16(kv) = pool.layer(0) else {
+            panic!("an f16 pool")
+        };
+        let k_addr = kv.k.as_ptr() as usize;
+        // The mapping may be merged with neighbours (the V array, other
+        // tests' allocations): a quarter of one array is the bound.
+        let rss = mapping_rss_kib(k_addr).expect("the K array is mapped");
+        assert!(rss < array_kib / 4, "{rss} KiB resident of {array_kib}");
+
+        let te = g.token_elems();
+        let slot = 9000 * g.block_size + 3;
+        let k: Vec<f32> = (0..te).map(|i| i as f32 * 0.25).collect();
+        let v: Vec<f32> = k.iter().map(|x| x + 1.0).collect();
+        pool.layer_mut(0).write(&k, &v, te, &[slot], te);
+        let (k1, v1) = pool.layer(0).read(slot * te..(slot + 1) * te);
+        assert_eq!((k1, v1), (k, v));
+        let (k0, v0) = pool.layer(0).read((slot + 1) * te..(slot + 2) * te);
+        assert!(k0.iter().chain(&v0).all(|&x| x.to_bits() == 0));
+        let rss = mapping_rss_kib(k_addr).expect("the K array is mapped");
+        assert!(rss < array_kib / 4, "{rss} KiB resident after one block");
+    }
+
     fn geom(num_blocks: usize) -> KvGeometry {
         KvGeometry {
             num_layers: 2,
