@@ -201,22 +201,25 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
         chat_template,
         ..
     } = info;
-    if let Some(kib) = model_loader::memory::status_kib("VmRSS") {
-        tracing::info!(
-            resident_mib = kib / 1024,
-            "resident memory after startup: {} MiB",
-            kib / 1024
-        );
-    }
+    // What the pools reserve is on the "executor ready" line; what is
+    // resident is the process as a whole, before any request (the CPU
+    // executor's pools add only what blocks are written).
+    let resident = model_loader::memory::status_kib("VmRSS").map_or_else(
+        || "unknown".to_string(),
+        |kib| format!("{} MiB", kib / 1024),
+    );
     let limits = crate::backend::Backend::limits(&backend);
     tracing::info!(
         blocks = limits.num_gpu_blocks,
         tokens = limits.num_gpu_blocks * limits.block_size,
+        swap_blocks = limits.num_cpu_blocks,
         block_size = limits.block_size,
         max_model_len = limits.max_model_len,
-        "KV cache: {} blocks = {} tokens",
+        resident = %resident,
+        "KV cache: {} blocks = {} tokens (+ {} swap blocks); process resident now {resident}",
         limits.num_gpu_blocks,
-        limits.num_gpu_blocks * limits.block_size
+        limits.num_gpu_blocks * limits.block_size,
+        limits.num_cpu_blocks,
     );
     let name = args.http.served_model_name.clone().unwrap_or_else(|| {
         path.file_stem()
