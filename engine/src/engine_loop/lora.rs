@@ -65,7 +65,7 @@ impl LlmEngine {
     pub fn enable_lora(&mut self, max_loras: usize) -> Result<(), EngineError> {
         if !self.lora.supported {
             return Err(EngineError::InvalidConfig(
-                "LoRA adapters are served on the CPU executor only for now (--device cpu)".into(),
+                "this executor does not apply LoRA adapters (the CPU and GPU executors do)".into(),
             ));
         }
         if max_loras == 0 {

@@ -105,8 +105,8 @@ pub trait Executor: Send {
         sampling: &Sampling,
     ) -> Result<StepOutput, ExecError>;
 
-    /// Whether [`Self::execute_lora`] applies adapters (the CPU executor
-    /// does; the GPU executor refuses them for now).
+    /// Whether [`Self::execute_lora`] applies adapters (the CPU and the GPU
+    /// executors do).
     fn supports_lora(&self) -> bool {
         false
     }
@@ -123,7 +123,7 @@ pub trait Executor: Send {
     ) -> Result<StepOutput, ExecError> {
         if !lora.is_empty() {
             return Err(ExecError::InvalidConfig(
-                "this executor does not apply LoRA adapters (the CPU executor does)".into(),
+                "this executor does not apply LoRA adapters".into(),
             ));
         }
         self.execute(ops, batch, sampling)

@@ -8,7 +8,7 @@ use clap::Args;
 #[derive(Debug, Clone, Args)]
 pub struct LoraArgs {
     /// Serve LoRA adapters: a request whose `model` names an adapter runs
-    /// with it (CPU executor only for now).
+    /// with it (CPU and GPU executors).
     #[arg(long, global = true)]
     pub enable_lora: bool,
     /// Adapters to serve from startup: `NAME=PATH` (a PEFT folder or a

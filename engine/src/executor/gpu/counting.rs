@@ -131,6 +131,7 @@ impl Device for CountingDevice {
         match family {
             ThreadsFor::Attention => 128,
             ThreadsFor::Rows => 256,
+            ThreadsFor::Lora => 128,
         }
     }
 

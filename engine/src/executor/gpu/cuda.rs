@@ -323,6 +323,7 @@ impl Device for CudaDevice {
         match family {
             ThreadsFor::Attention => gpu_kernels::launch::ATTN_THREADS,
             ThreadsFor::Rows => gpu_kernels::launch::ROW_THREADS,
+            ThreadsFor::Lora => gpu_kernels::launch::LORA_THREADS,
         }
     }
 

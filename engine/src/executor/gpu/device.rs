@@ -168,6 +168,8 @@ pub enum ThreadsFor {
     Attention,
     /// Row-wise kernels (norms, rotary, cache writes, copies, gathers).
     Rows,
+    /// The multi-LoRA kernels (`gpu_kernels::lora`: BGMV and SGMV).
+    Lora,
 }
 
 /// A device the GPU executor runs on. See the module docs for the ordering

@@ -12,6 +12,8 @@
 //!              decode v1 / split-K v2 + reduce, else prefill over the mixed batch
 //! gated        silu_and_mul / gelu_tanh_and_mul
 //! logits       gather the logits rows, rms_norm, GEMM with the head (f32 out)
+//! lora         per adapted target: shrink + expand (BGMV or SGMV, `lora.rs`);
+//!              only on a step with adapters
 //! ```
 //!
 //! All per-step integers (ids, positions, slots, context lengths, query
@@ -38,11 +40,13 @@
 
 use super::blocks::KvPools;
 use super::device::{DType, DevBuf, DevPtr, Device, Gemm, Kernel, ThreadsFor};
+use super::lora::LoraRun;
 use super::weights::{Gpu, GpuMatrix, GpuRope};
 use super::GpuError;
 use crate::executor::{ForwardBatch, GreedyRow, Logits, SeqSpan};
 use crate::kv::BlockId;
 use crate::model::backend::{Act, ActWidths, Backend, Gate, LayerAttn};
+use crate::model::lora::LoraCols;
 use crate::model::{Dims, Model};
 use gpu_kernels::{launch as geom, KernelArg, LaunchConfig};
 
@@ -240,13 +244,15 @@ pub struct Meta {
 }
 
 /// What every step of one executor shares: the kernels, the model on the
-/// device, its dimensions and dtype, and the KV pools.
+/// device, its dimensions and dtype, and the KV pools; plus the step's LoRA
+/// adapters, if it has any (`None`: the base path, no LoRA launch).
 pub struct Parts<'a> {
     pub kernels: &'a Kernels,
     pub model: &'a Model<Gpu>,
     pub dims: Dims,
     pub dtype: DType,
     pub kv: &'a KvPools,
+    pub lora: Option<&'a LoraRun<'a>>,
 }
 
 /// A `u32` kernel argument.
@@ -516,6 +522,17 @@ impl Backend for GpuStep<'_, '_> {
                 accumulate || w.bias.is_some(),
             )
         }
+    }
+
+    fn lora(&mut self, out: Act, x: Act, layer: usize, cols: &[LoraCols]) -> Result<(), GpuError> {
+        let Some(run) = self.p.lora else {
+            return Ok(());
+        };
+        let x = (self.at(x), self.widths.of(x));
+        let y = (self.at(out), self.widths.of(out));
+        // SAFETY: both are activation slots of the step's `n` rows of their
+        // widths (`begin`), distinct (a linear layer's input and output).
+        unsafe { run.apply(self.dev, layer, cols, x, y) }
     }
 
     fn head_norms(&mut self, qkv: Act, q: &DevBuf, k: &DevBuf, eps: f32) -> Result<(), GpuError> {

@@ -19,7 +19,10 @@
 //! context up to the model's positions (split-K partitions past a
 //! sequence's context exit at once), so a replay is right for every
 //! validated batch of its bucket. Prefill and mixed steps stay eager, and so
-//! does a decode step whose logits rows are not `0..k` or that no bucket fits.
+//! does a decode step whose logits rows are not `0..k` or that no bucket
+//! fits, and every step with LoRA adapters (`lora.rs`: its launches depend
+//! on which slots the step uses, so a graph would need a key per slot set;
+//! not done).
 //!
 //! Cost: per graph step, host work is the persistent-batch upload and one
 //! graph launch; a capture costs one eager padded step plus the capture.

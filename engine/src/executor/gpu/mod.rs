@@ -16,6 +16,8 @@
 //!   `crate::model::arch` runs on it) and one step (the persistent device
 //!   batch, the launches).
 //! - [`graphs`]: CUDA graphs of decode-only steps, per batch-size bucket.
+//! - [`lora`]: multi-LoRA adapters in device slots and their BGMV / SGMV
+//!   launches (`Executor::execute_lora`).
 //! - [`sample`]: sampling on the device (`Sampling::Device`).
 //! - [`blocks`]: the KV pools and the block operations (swap out, swap in,
 //!   copy-on-write `copy_blocks`).
@@ -34,6 +36,7 @@ pub mod device;
 pub mod emu;
 pub mod forward;
 pub mod graphs;
+pub mod lora;
 pub mod sample;
 pub mod weights;
 
@@ -48,6 +51,7 @@ use super::{
     BlockOps, BuildError, Capabilities, ExecError, Executor, ForwardBatch, KvGeometry, Logits,
     Sampling, StepOutput,
 };
+use crate::model::lora::LoraStep;
 use crate::model::{Dims, Model, WeightSource};
 use crate::sampler::device::DeviceOut;
 use crate::sampler::SampleOut;
@@ -101,6 +105,9 @@ pub struct GpuExecutor<D: Device> {
     kernels: Kernels,
     graphs: Graphs,
     sampling: sample::SampleState,
+    /// The LoRA slots on the device (nothing allocated until a step has
+    /// adapters).
+    lora: lora::GpuLora,
 }
 
 impl<D: Device> GpuExecutor<D> {
@@ -172,6 +179,7 @@ impl<D: Device> GpuExecutor<D> {
             kernels,
             graphs: Graphs::new(graphs::MAX_BUCKET, false),
             sampling,
+            lora: lora::GpuLora::default(),
         })
     }
 
@@ -199,6 +207,7 @@ impl<D: Device> GpuExecutor<D> {
             dims: self.dims,
             dtype: self.dtype,
             kv: &self.kv,
+            lora: None,
         };
         (&mut self.dev, &mut self.scratch, parts)
     }
@@ -260,6 +269,7 @@ fn profile_free_bytes<D: Device>(
         dims: model.dims(),
         dtype: opts.dtype,
         kv: &pool,
+        lora: None,
     };
     let run = forward::run(dev, &parts, &mut scratch, &batch);
     let info = dev.mem_info();
@@ -300,11 +310,13 @@ fn blocks_for_fraction(
 }
 
 impl<D: Device> GpuExecutor<D> {
-    /// Block operations, validation, then the forward pass returning `out`.
+    /// Block operations, validation, then the forward pass returning `out`
+    /// (with `lora`'s adapters: checked against the batch by the caller).
     fn step(
         &mut self,
         ops: &BlockOps,
         batch: &ForwardBatch,
+        lora: &LoraStep,
         out: forward::Output,
     ) -> Result<forward::StepOut, ExecError> {
         self.kv.apply(&mut self.dev, ops)?;
@@ -326,11 +338,47 @@ impl<D: Device> GpuExecutor<D> {
             self.dims.vocab,
             self.max_positions,
         )?;
+        if !lora.is_empty() {
+            return self.lora_step(batch, lora, out);
+        }
         if let Some(bucket) = self.graphs.bucket_of(batch) {
             return Ok(self.graph_step(batch, bucket, out)?);
         }
         let (dev, scratch, parts) = self.split();
         Ok(forward::run_to(dev, &parts, scratch, batch, out)?)
+    }
+
+    /// A validated step with adapters, always eager (never a graph: its
+    /// launches depend on the slots the step uses, see [`lora`]).
+    fn lora_step(
+        &mut self,
+        batch: &ForwardBatch,
+        lora: &LoraStep,
+        out: forward::Output,
+    ) -> Result<forward::StepOut, ExecError> {
+        let run = self
+            .lora
+            .prepare(&mut self.dev, &self.dims, self.dtype, lora, batch)?;
+        let parts = Parts {
+            kernels: &self.kernels,
+            model: &self.model,
+            dims: self.dims,
+            dtype: self.dtype,
+            kv: &self.kv,
+            lora: Some(&run),
+        };
+        Ok(forward::run_to(
+            &mut self.dev,
+            &parts,
+            &mut self.scratch,
+            batch,
+            out,
+        )?)
+    }
+
+    /// Adapter slots uploaded to the device so far (tests).
+    pub fn lora_fills(&self) -> u64 {
+        self.lora.fills
     }
 }
 
@@ -404,14 +452,29 @@ impl<D: Device> Executor for GpuExecutor<D> {
         batch: &ForwardBatch,
         sampling: &Sampling,
     ) -> Result<StepOutput, ExecError> {
+        self.execute_lora(ops, batch, &LoraStep::default(), sampling)
+    }
+
+    fn supports_lora(&self) -> bool {
+        true
+    }
+
+    fn execute_lora(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        lora: &LoraStep,
+        sampling: &Sampling,
+    ) -> Result<StepOutput, ExecError> {
+        lora.validate(batch.seqs.len())?;
         match sampling {
-            Sampling::Host => match self.step(ops, batch, forward::Output::Logits)? {
+            Sampling::Host => match self.step(ops, batch, lora, forward::Output::Logits)? {
                 forward::StepOut::Logits(l) => Ok(StepOutput::Logits(l)),
                 forward::StepOut::Greedy(_) | forward::StepOut::Device(_) => Err(
                     ExecError::WrongAnswer("greedy rows where logits were asked".into()),
                 ),
             },
-            Sampling::Greedy => match self.step(ops, batch, forward::Output::Greedy)? {
+            Sampling::Greedy => match self.step(ops, batch, lora, forward::Output::Greedy)? {
                 forward::StepOut::Greedy(rows) => Ok(StepOutput::Drawn(DeviceOut {
                     rows: rows.iter().map(SampleOut::from).collect(),
                     host_rows: Vec::new(),
@@ -421,7 +484,9 @@ impl<D: Device> Executor for GpuExecutor<D> {
                     ExecError::WrongAnswer("logits where greedy rows were asked".into()),
                 ),
             },
-            Sampling::Device(draws) => Ok(StepOutput::Drawn(self.sample_step(ops, batch, draws)?)),
+            Sampling::Device(draws) => Ok(StepOutput::Drawn(
+                self.sample_step(ops, batch, lora, draws)?,
+            )),
         }
     }
 

@@ -30,6 +30,7 @@ use super::device::{DevBuf, DevPtr, Device, Kernel, ThreadsFor};
 use super::forward::{ensure, Output, StepOut};
 use super::{GpuError, GpuExecutor};
 use crate::executor::{BlockOps, ExecError, ForwardBatch};
+use crate::model::lora::LoraStep;
 use crate::sampler::device::{
     host_logits, out_stride, unpack, Buffers, DeviceDraws, DeviceOut, Stage,
 };
@@ -147,12 +148,13 @@ impl<D: Device> GpuExecutor<D> {
         &mut self,
         ops: &BlockOps,
         batch: &ForwardBatch,
+        lora: &LoraStep,
         draws: &DeviceDraws,
     ) -> Result<DeviceOut, ExecError> {
         draws
             .check(batch.logits_rows.len())
             .map_err(ExecError::InvalidBatch)?;
-        let logits = match self.step(ops, batch, Output::Device)? {
+        let logits = match self.step(ops, batch, lora, Output::Device)? {
             StepOut::Device(p) => p,
             // No logits rows: nothing to draw.
             StepOut::Logits(_) => {

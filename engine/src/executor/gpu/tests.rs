@@ -14,6 +14,7 @@ use crate::model::{CpuModel, Kv, LayerKv};
 use model_loader::ModelConfig;
 
 mod graphs;
+mod lora;
 
 const BS: usize = 4;
 const BLOCKS: usize = 200;
