@@ -6,10 +6,15 @@
 //! prompt. Each configuration runs off, on, off, on (the machine is
 //! noisy); every run's tokens are checked equal to the first plain run's.
 //!
-//! `cargo run --release -p engine --example spec_decode [-- MODEL_PATH [OUTPUT] [K]]`
+//! `cargo run --release -p engine --example spec_decode [-- MODEL_PATH [OUTPUT] [K] [invariant]]`
 //! (defaults: the fetched Qwen2.5-Coder-0.5B Q4_K_M GGUF, weights kept
 //! quantized as the server's default `--dtype auto`; 128 output tokens;
-//! k = 4, prompt_lookup_min 2, max 4). Greedy requests. Timings, not a test.
+//! k = 4, prompt_lookup_min 2, max 4; `invariant` runs the batch-invariant
+//! kernels, `--batch-invariant`). Greedy requests. Timings, not a test.
+//! `SPEC_BENCH_BATCHES=1,8` runs a subset of the batch sizes.
+//! The last column counts requests whose tokens differ from the first
+//! plain run's: 0 with `invariant`; the default kernels round a row
+//! differently with its batch's size, which can flip a near-tie.
 
 use engine::executor::CpuExecutor;
 use engine::kv::{PagedKvCacheManager, PagedKvConfig};
@@ -145,7 +150,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let eos = loaded.tokenizer.eos_token_ids().to_vec();
     let tok = loaded.tokenizer.clone();
-    let model = CpuModel::new(loaded.config, loaded.weights)?;
+    let mut model = CpuModel::new(loaded.config, loaded.weights)?;
+    let invariant = std::env::args().nth(4).as_deref() == Some("invariant");
+    model.set_batch_invariant(invariant);
     let spec = SpecConfig {
         method: SpecMethod::Ngram {
             prompt_lookup_min: 2,
@@ -164,33 +171,44 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let chat = |n: usize| -> Vec<Vec<u32>> { (0..n).map(|i| prompt(&tok, CHAT[i % 8])).collect() };
     println!(
-        "{} ({:?}), {output} output tokens, greedy, k = {k}, prompt lookup 2..=4",
+        "{} ({:?}, batch-invariant kernels {invariant}), {output} output tokens, greedy, k = {k}, prompt lookup 2..=4",
         path.display(),
         engine::model::quant::Isa::best()
     );
-    println!("| workload | batch | plain tok/s | ngram tok/s | speedup | acceptance | mean accepted / draft |");
-    println!("|---|---|---|---|---|---|---|");
-    for (name, prompts) in [
-        ("rewrite code in prompt", grounded(1)),
-        ("rewrite code in prompt", grounded(8)),
-        ("rewrite code in prompt", grounded(32)),
-        ("chat, varied topics", chat(1)),
-        ("chat, varied topics", chat(8)),
-        ("chat, varied topics", chat(32)),
-    ] {
+    println!("| workload | batch | plain tok/s | ngram tok/s | speedup | acceptance | mean accepted / draft | outputs differing |");
+    println!("|---|---|---|---|---|---|---|---|");
+    // SPEC_BENCH_BATCHES=1,8 runs a subset (default 1, 8 and 32).
+    let batches: Vec<usize> = std::env::var("SPEC_BENCH_BATCHES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|b| b.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 8, 32]);
+    let workloads = [
+        ("rewrite code in prompt", true),
+        ("chat, varied topics", false),
+    ];
+    let (grounded, chat) = (&grounded, &chat);
+    for (name, prompts) in workloads.iter().flat_map(|&(name, code)| {
+        batches
+            .iter()
+            .map(move |&b| (name, if code { grounded(b) } else { chat(b) }))
+    }) {
         let mut plain = Vec::new();
         let mut fast = Vec::new();
         let mut reference: Option<Vec<Vec<u32>>> = None;
         let mut stats = engine::scheduler::SpecStats::default();
+        let mut differ = 0;
         for _ in 0..2 {
             for on in [false, true] {
                 let r = run(&model, &eos, &prompts, output, on.then(|| spec.clone()))?;
                 match &reference {
                     None => reference = Some(r.tokens.clone()),
-                    Some(want) if *want != r.tokens => {
-                        return Err(format!("{name}: tokens differ with speculation {on}").into())
+                    Some(want) => {
+                        // Bit-exact only with batch-invariant kernels: the
+                        // default quantized path rounds a row differently
+                        // with what shares its batch (k+1 rows change it).
+                        let d = want.iter().zip(&r.tokens).filter(|(a, b)| a != b).count();
+                        differ = differ.max(d);
                     }
-                    Some(_) => {}
                 }
                 if on {
                     fast.push(r.tok_s);
@@ -203,7 +221,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let (p, f) = (mean(&plain), mean(&fast));
         println!(
-            "| {name} | {} | {p:.1} ({:.1}, {:.1}) | {f:.1} ({:.1}, {:.1}) | {:.2}x | {:.1}% | {:.2} |",
+            "| {name} | {} | {p:.1} ({:.1}, {:.1}) | {f:.1} ({:.1}, {:.1}) | {:.2}x | {:.1}% | {:.2} | {differ} |",
             prompts.len(),
             plain[0],
             plain[1],
