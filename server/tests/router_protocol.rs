@@ -286,6 +286,18 @@ fn two_replicas_behind_smg_keep_each_prefix_on_one_replica() {
         assert!(Instant::now() < deadline, "smg never served a request");
         std::thread::sleep(Duration::from_millis(500));
     }
+    // Both replicas in rotation: smg health-checks them one by one, and a
+    // replica it has not yet marked healthy gets nothing (that made this
+    // test flaky). Prompts that share no first character are new prefixes,
+    // which cache_aware spreads over the healthy replicas.
+    let mut i = 0;
+    while finished(replicas[0].addr) == 0.0 || finished(replicas[1].addr) == 0.0 {
+        assert!(Instant::now() < deadline, "smg never used both replicas");
+        let warm = ["a", "b", "c", "d", "e", "f", "g", "h"][i % 8];
+        assert_eq!(ask(&format!("{warm}{i} warm-up")).status, 200);
+        i += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // 4 shared prefixes, 6 requests each, interleaved in an order that
     // rotates every round (so round-robin would move every prefix); one at

@@ -189,11 +189,6 @@ impl Executor for CpuExecutor {
         batch: &ForwardBatch,
         sampling: &Sampling,
     ) -> Result<StepOutput, ExecError> {
-        if *sampling != Sampling::Host {
-            return Err(ExecError::InvalidConfig(
-                "the CPU executor returns logits; the host draws".into(),
-            ));
-        }
         self.execute_lora(ops, batch, &LoraStep::default(), sampling)
     }
 
