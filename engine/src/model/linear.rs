@@ -222,6 +222,19 @@ pub fn matmul_wt(
     matmul_wt_ld(x, m, w, n, k, out, n, accumulate);
 }
 
+/// Output columns per parallel task of an `[m, k] x [n, k]^T` product:
+/// one stripe below `PARALLEL_MIN_WORK` or on one thread, else
+/// `TASKS_PER_THREAD` per thread, rounded up to `STRIPE_ALIGN` columns.
+fn stripe_width(m: usize, n: usize, k: usize) -> usize {
+    let threads = par::threads();
+    let stripes = if m * n * k < PARALLEL_MIN_WORK || threads == 1 {
+        1
+    } else {
+        threads * par::TASKS_PER_THREAD
+    };
+    n.div_ceil(stripes).div_ceil(STRIPE_ALIGN) * STRIPE_ALIGN
+}
+
 /// [`matmul_wt`] writing row `r` of the product at `out[r * ldo..]`
 /// (`ldo >= n`: the product is a column block of a wider output).
 #[allow(clippy::too_many_arguments)]
@@ -239,14 +252,7 @@ pub fn matmul_wt_ld(
         return;
     }
     assert!(x.len() >= m * k && w.len() >= n * k && ldo >= n && out.len() >= (m - 1) * ldo + n);
-    let threads = par::threads();
-    let work = m * n * k;
-    let stripes = if work < PARALLEL_MIN_WORK || threads == 1 {
-        1
-    } else {
-        threads * par::TASKS_PER_THREAD
-    };
-    let per = n.div_ceil(stripes).div_ceil(STRIPE_ALIGN) * STRIPE_ALIGN;
+    let per = stripe_width(m, n, k);
     let dst = SendPtr(out.as_mut_ptr());
     let run = |c0: usize| {
         let cols = per.min(n - c0);
@@ -309,13 +315,7 @@ pub fn matmul_wt_rows(
         return;
     }
     assert!(x.len() >= m * k && w.len() >= n * k && ldo >= n && out.len() >= (m - 1) * ldo + n);
-    let threads = par::threads();
-    let stripes = if m * n * k < PARALLEL_MIN_WORK || threads == 1 {
-        1
-    } else {
-        threads * par::TASKS_PER_THREAD
-    };
-    let per = n.div_ceil(stripes).div_ceil(STRIPE_ALIGN) * STRIPE_ALIGN;
+    let per = stripe_width(m, n, k);
     let dst = SendPtr(out.as_mut_ptr());
     let simd = rows_simd();
     let run = |c0: usize| {

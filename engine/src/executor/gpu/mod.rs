@@ -356,6 +356,8 @@ impl<D: Device> GpuExecutor<D> {
         lora: &LoraStep,
         out: forward::Output,
     ) -> Result<forward::StepOut, ExecError> {
+        // `run` borrows the slot table, so the parts are built field by
+        // field here rather than through `split` (which borrows all of self).
         let run = self
             .lora
             .prepare(&mut self.dev, &self.dims, self.dtype, lora, batch)?;
