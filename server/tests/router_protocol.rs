@@ -287,14 +287,26 @@ fn two_replicas_behind_smg_keep_each_prefix_on_one_replica() {
         std::thread::sleep(Duration::from_millis(500));
     }
     // Both replicas in rotation: smg health-checks them one by one, and a
-    // replica it has not yet marked healthy gets nothing (that made this
-    // test flaky). Prompts that share no first character are new prefixes,
-    // which cache_aware spreads over the healthy replicas.
+    // replica it has not yet marked healthy gets nothing. A prompt with no
+    // cached prefix goes to the least-loaded replica (ties to the first), so
+    // only concurrent requests reach the second: send pairs until both have
+    // finished one.
     let mut i = 0;
     while finished(replicas[0].addr) == 0.0 || finished(replicas[1].addr) == 0.0 {
         assert!(Instant::now() < deadline, "smg never used both replicas");
-        let warm = ["a", "b", "c", "d", "e", "f", "g", "h"][i % 8];
-        assert_eq!(ask(&format!("{warm}{i} warm-up")).status, 200);
+        std::thread::scope(|s| {
+            let pair: Vec<_> = ["a", "b"]
+                .iter()
+                .map(|w| {
+                    let prompt = format!("{w}{i} warm-up");
+                    let body = json!({"model": model, "prompt": prompt, "max_tokens": 16});
+                    s.spawn(move || post(router, "/v1/completions", &body).status)
+                })
+                .collect();
+            for h in pair {
+                assert_eq!(h.join().expect("warm-up thread"), 200);
+            }
+        });
         i += 1;
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -329,6 +341,10 @@ fn two_replicas_behind_smg_keep_each_prefix_on_one_replica() {
     for (topic, replicas) in &served_by {
         assert_eq!(replicas.len(), 1, "{topic} went to replicas {replicas:?}");
     }
-    let used: BTreeSet<usize> = served_by.values().flatten().copied().collect();
-    assert_eq!(used.len(), 2, "both replicas used: {served_by:?}");
+    // Which replica a new prefix lands on is smg's tie-break (load and
+    // cached-tree size at that moment; CI once saw all four on replica 0),
+    // not a property of ours, so it is reported, not asserted. The warm-up above proved both
+    // replicas were in rotation, so round-robin or random routing would
+    // have split prefixes and failed the check above.
+    eprintln!("prefixes by replica: {served_by:?}");
 }
