@@ -3,6 +3,7 @@
 //!
 //! Invariant: this crate knows no HTTP and no JSON.
 
+pub mod dist;
 pub mod engine_loop;
 pub mod error;
 pub mod executor;

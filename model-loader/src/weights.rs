@@ -207,6 +207,82 @@ impl Weight {
             Self::Quantized(q) => q.bytes.len(),
         }
     }
+
+    /// Rows `rows` of a matrix, in its own type (a tensor-parallel shard
+    /// of a column-parallel layer, or a vocabulary range): quantized rows
+    /// are whole runs of blocks, so any row range stays quantized. O(bytes
+    /// of the range).
+    pub fn slice_rows(&self, rows: Range<usize>) -> Result<Weight> {
+        let (n, cols) = rows_cols(self.shape()).unwrap_or((0, 0));
+        if self.shape().len() != 2 || rows.start > rows.end || rows.end > n {
+            return Err(LoaderError::Malformed(format!(
+                "rows {rows:?} of a matrix of shape {:?}",
+                self.shape()
+            )));
+        }
+        let shape = vec![rows.len(), cols];
+        Ok(match self {
+            Self::F32(t) => Self::F32(Tensor::new(
+                shape,
+                t.data[rows.start * cols..rows.end * cols].to_vec(),
+            )),
+            Self::Quantized(q) => {
+                let rb = q.row_bytes();
+                Self::Quantized(QuantTensor {
+                    ty: q.ty,
+                    shape,
+                    bytes: q.bytes[rows.start * rb..rows.end * rb].to_vec(),
+                })
+            }
+        })
+    }
+
+    /// Columns `cols` of every row (a shard of a row-parallel layer's input
+    /// features). A quantized matrix is cut only on its blocks' boundaries
+    /// (32 or 256 values), never through a block: a range that is not on
+    /// them is an error, as is a range outside the matrix. O(bytes of the
+    /// range).
+    pub fn slice_cols(&self, cols: Range<usize>) -> Result<Weight> {
+        let (n, width) = rows_cols(self.shape()).unwrap_or((0, 0));
+        if self.shape().len() != 2 || cols.start > cols.end || cols.end > width {
+            return Err(LoaderError::Malformed(format!(
+                "columns {cols:?} of a matrix of shape {:?}",
+                self.shape()
+            )));
+        }
+        let shape = vec![n, cols.len()];
+        Ok(match self {
+            Self::F32(t) => Self::F32(Tensor::new(
+                shape,
+                t.data
+                    .chunks_exact(width.max(1))
+                    .flat_map(|row| &row[cols.clone()])
+                    .copied()
+                    .collect(),
+            )),
+            Self::Quantized(q) => {
+                let (bl, bb) = (q.ty.block_len(), q.ty.block_bytes());
+                if !cols.start.is_multiple_of(bl) || !cols.end.is_multiple_of(bl) {
+                    return Err(LoaderError::Malformed(format!(
+                        "columns {cols:?} cut through the {bl}-value blocks of {}",
+                        q.ty.name()
+                    )));
+                }
+                let (b0, b1) = (cols.start / bl * bb, cols.end / bl * bb);
+                let bytes = q
+                    .bytes
+                    .chunks_exact(q.row_bytes().max(1))
+                    .flat_map(|row| &row[b0..b1])
+                    .copied()
+                    .collect();
+                Self::Quantized(QuantTensor {
+                    ty: q.ty,
+                    shape,
+                    bytes,
+                })
+            }
+        })
+    }
 }
 
 impl From<Tensor> for Weight {
@@ -317,5 +393,52 @@ impl ModelWeights<Weight> {
                 .sum::<usize>();
         }
         n
+    }
+}
+
+#[cfg(test)]
+mod slice_tests {
+    use super::*;
+
+    fn quantized(ty: QuantType, rows: usize, cols: usize) -> Weight {
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+            .collect();
+        let bytes = quant::quantize(ty, &values).expect("quantize");
+        Weight::Quantized(QuantTensor::new(ty, vec![rows, cols], bytes, "w").expect("tensor"))
+    }
+
+    /// The dequantized slice equals the same sub-matrix of the dequantized
+    /// whole: slicing moves blocks, never re-encodes them.
+    fn check(w: &Weight, rows: Range<usize>, cols: Range<usize>) {
+        let full = w.clone().into_f32();
+        let width = w.cols();
+        let want: Vec<f32> = rows
+            .clone()
+            .flat_map(|r| full.data[r * width + cols.start..r * width + cols.end].to_vec())
+            .collect();
+        let got = w
+            .slice_rows(rows.clone())
+            .and_then(|s| s.slice_cols(cols.clone()))
+            .expect("slice")
+            .into_f32();
+        assert_eq!(got.shape, vec![rows.len(), cols.len()]);
+        assert_eq!(got.data, want, "rows {rows:?} cols {cols:?}");
+    }
+
+    #[test]
+    fn slices_keep_blocks_and_refuse_to_cut_through_one() {
+        let k = quantized(QuantType::Q4K, 5, 512);
+        check(&k, 1..4, 256..512);
+        check(&k, 0..5, 0..256);
+        let q8 = quantized(QuantType::Q8_0, 3, 96);
+        check(&q8, 2..3, 32..96);
+        let f = Weight::F32(Tensor::new(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]));
+        check(&f, 0..2, 1..3);
+        // 128 is inside Q4_K's 256-value block.
+        let e = k.slice_cols(0..128).err().expect("refused");
+        assert!(e.to_string().contains("256-value blocks of Q4_K"), "{e}");
+        assert!(k.slice_rows(4..6).is_err());
+        assert!(q8.slice_cols(0..128).is_err());
     }
 }

@@ -10,9 +10,11 @@ use crate::http::{self, AppState};
 use crate::kv_events::publisher::PublisherStats;
 use crate::metrics::CacheConfigInfo;
 use anyhow::{bail, Context};
+use engine::dist::Collective;
 use engine::engine_loop::HandleConfig;
 use engine::executor::gpu::DType;
-use engine::executor::{DeviceKind, ExecutorRequest};
+use engine::executor::tp::{build_tp_executor, check_agreement, run_worker};
+use engine::executor::{DeviceKind, ExecutorRequest, WeightInput};
 use engine::model::KvDtype;
 use engine::scheduler::{PreemptionMode, SchedulerConfig};
 use model_loader::{ChatMessage, GenerationDefaults, ModelInfo, WeightReader};
@@ -117,6 +119,10 @@ struct Opened {
 fn open_model(engine: &EngineArgs) -> anyhow::Result<Opened> {
     set_threads(engine.threads);
     let path = model_path(engine)?;
+    if let Some(comm) = crate::tp::collective(engine)? {
+        check_agreement(&*comm, &crate::tp::fingerprint(engine, &path))
+            .context("tensor-parallel ranks")?;
+    }
     tracing::info!(model = %path.display(), "loading model");
     let reader =
         WeightReader::open(&path).with_context(|| format!("loading {}", path.display()))?;
@@ -144,7 +150,8 @@ fn start_engine(
     }
     let stats = kv_events.as_ref().map(|s| s.stats());
     let sink = kv_events.map(|s| Box::new(s) as Box<dyn engine::kv::KvEventSink>);
-    let backend = EngineBackend::start(&reader, weight_types(engine.dtype), eos, &opts, sink)
+    let tp = crate::tp::collective(engine)?;
+    let backend = EngineBackend::start(&reader, weight_types(engine.dtype), eos, &opts, sink, tp)
         .context("cannot start the engine")?;
     Ok((backend, stats))
 }
@@ -286,6 +293,11 @@ async fn shutdown_signal() {
 
 /// `server serve`: runs until SIGINT/SIGTERM.
 pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+    if let Some(comm) = crate::tp::collective(&args.engine)? {
+        if comm.rank() != 0 {
+            return run_rank(&args.engine, &comm);
+        }
+    }
     let state = Arc::new(build_state(&args)?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -319,6 +331,11 @@ pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
 /// `server generate`: a quick greedy completion printed to stdout, through
 /// the same engine the server uses.
 pub fn run_generate(engine: &EngineArgs, args: GenerateArgs) -> anyhow::Result<()> {
+    if let Some(comm) = crate::tp::collective(engine)? {
+        if comm.rank() != 0 {
+            return run_rank(engine, &comm);
+        }
+    }
     let Opened { reader, info, .. } = open_model(engine)?;
     let ModelInfo {
         tokenizer,
@@ -342,6 +359,27 @@ pub fn run_generate(engine: &EngineArgs, args: GenerateArgs) -> anyhow::Result<(
     let out = generate_text(&backend, tokenizer, prompt, args.max_tokens)?;
     println!("{out}");
     crate::backend::Backend::shutdown(&backend);
+    Ok(())
+}
+
+/// A tensor-parallel rank other than 0: loads its shard, then runs the
+/// steps rank 0 broadcasts until rank 0 stops. It serves no HTTP.
+fn run_rank(engine: &EngineArgs, comm: &Arc<dyn Collective>) -> anyhow::Result<()> {
+    let Opened { reader, info, .. } = open_model(engine)?;
+    let max_len = info.config.max_position_embeddings;
+    let opts = engine_options(engine, max_len, HandleConfig::default());
+    let input = WeightInput::File {
+        reader: &reader,
+        cpu_types: weight_types(engine.dtype),
+    };
+    let config = reader.config().clone();
+    let built = build_tp_executor(config, input, &opts.executor, Arc::clone(comm))
+        .context("building this rank's shard")?;
+    drop(reader);
+    tracing::info!(executor = %built.description, "tensor-parallel rank ready");
+    let mut exec = built.executor;
+    run_worker(&mut *exec, &**comm).context("tensor-parallel rank")?;
+    tracing::info!("rank 0 stopped; this rank exits");
     Ok(())
 }
 

@@ -136,6 +136,18 @@ pub enum DeviceArg {
     Cuda,
 }
 
+/// `--distributed-executor-backend` (vLLM's names): how the ranks of
+/// `--tensor-parallel-size` start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DistBackendArg {
+    /// The server spawns one worker process per GPU, the ranks talking
+    /// NCCL (not built yet: refused with a message).
+    Mp,
+    /// Every rank is started by `mpiexec -n N`; rank 0 serves HTTP, the
+    /// others only compute (CPU ranks, and ranks on several hosts).
+    Mpi,
+}
+
 /// `--dtype` (vLLM's names): element type of weights, activations and KV cache
 /// on the GPU. On the CPU, `auto` keeps a GGUF's quantized weights in their
 /// file type (integer kernels); any other value dequantizes them to float32
@@ -353,6 +365,18 @@ pub struct EngineArgs {
     /// Worker threads for the forward pass (default: all cores). Range: >= 1.
     #[arg(long, global = true, value_name = "N", value_parser = range::positive)]
     pub threads: Option<usize>,
+    /// Tensor parallelism: every layer split over N ranks (heads by KV
+    /// group, FFN columns by whole quant blocks, vocabulary rows; uneven
+    /// sizes allowed), partial sums added by all-reduce. N > 1 runs under
+    /// `mpiexec -n N ... --distributed-executor-backend mpi` in a build
+    /// with `--features mpi`. Range: >= 1.
+    #[arg(long, global = true, value_name = "N", default_value_t = 1, value_parser = range::positive)]
+    pub tensor_parallel_size: usize,
+    /// How the ranks of --tensor-parallel-size start: `mpi` (each started
+    /// by `mpiexec`; rank 0 serves HTTP) or `mp` (one spawned worker per
+    /// GPU over NCCL; not built yet).
+    #[arg(long, global = true, value_enum, default_value_t = DistBackendArg::Mp)]
+    pub distributed_executor_backend: DistBackendArg,
     /// KV cache events for KV-aware routers, as vLLM's KVEventsConfig JSON:
     /// `'{"enable_kv_cache_events": true}'` publishes on a ZeroMQ PUB socket
     /// at tcp://*:5557. Fields (vLLM's defaults): enable_kv_cache_events

@@ -16,13 +16,16 @@ use crate::backend::{
     PromptTokenLogprob, SeqDelta, SpecMetrics, StepOutput, TokenOut,
 };
 use anyhow::Context;
+use engine::dist::Collective;
 use engine::engine_loop::{DraftProposer, EngineStats, HandleConfig, ShutdownMode};
+use engine::executor::tp::build_tp_executor;
 use engine::executor::{build_executor, ExecutorRequest, WeightInput};
 use engine::kv::{KvEventSink, PagedKvCacheManager, PagedKvConfig};
 use engine::scheduler::{self, SchedulerConfig};
 use engine::spec::SpecMethod;
 use engine::{EngineConfig, EngineError, EngineHandle, LlmEngine, RequestOutput, RequestStream};
 use futures_util::StreamExt;
+use std::sync::Arc;
 
 /// How to size and configure the engine (from the CLI).
 #[derive(Debug, Clone, PartialEq)]
@@ -75,16 +78,23 @@ impl EngineBackend {
     /// takes the weights a layer at a time into its own formats; the CPU's
     /// matrices in `cpu_types`) and starts its thread. With `kv_events` the
     /// engine records its KV cache events and hands them to it every step.
+    /// With `tp` this process is rank 0 of a tensor-parallel group: the
+    /// executor holds rank 0's shard and drives the other ranks.
     pub fn start(
         reader: &model_loader::WeightReader,
         cpu_types: model_loader::WeightTypes,
         eos_token_ids: Vec<u32>,
         opts: &EngineOptions,
         kv_events: Option<Box<dyn KvEventSink>>,
+        tp: Option<Arc<dyn Collective>>,
     ) -> anyhow::Result<Self> {
         let input = WeightInput::File { reader, cpu_types };
-        let built = build_executor(reader.config().clone(), input, &opts.executor)
-            .context("building the executor")?;
+        let config = reader.config().clone();
+        let built = match tp {
+            None => build_executor(config, input, &opts.executor),
+            Some(comm) => build_tp_executor(config, input, &opts.executor, comm),
+        }
+        .context("building the executor")?;
         let executor = built.executor;
         let (gpu_blocks, cpu_blocks) = executor.num_blocks();
         tracing::info!(executor = %built.description, gpu_blocks, cpu_blocks, "executor ready");

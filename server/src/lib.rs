@@ -24,4 +24,5 @@ pub mod response;
 pub mod spec_config;
 pub mod structured;
 pub mod tokenize;
+pub mod tp;
 pub mod validate;

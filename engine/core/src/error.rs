@@ -162,6 +162,10 @@ pub enum ExecError {
     /// The GPU executor's device failed or refused.
     #[error("GPU executor")]
     Gpu(#[from] GpuError),
+    /// A collective operation between tensor-parallel ranks failed (a rank
+    /// is gone, or the ranks disagree on the step).
+    #[error("tensor parallelism: {0}")]
+    Collective(String),
 }
 
 /// Why a request is refused at submission (the client's fault: HTTP 400).

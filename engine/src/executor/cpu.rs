@@ -10,6 +10,7 @@
 pub mod generate;
 
 use super::{BlockOps, Capabilities, ExecError, Executor, ForwardBatch, Sampling, StepOutput};
+use crate::dist::TpRank;
 use crate::kv::{BlockCopy, BlockId};
 use crate::model::cpu_backend::CpuLora;
 use crate::model::lora::kernel::{Prepared, RowGroups};
@@ -24,6 +25,8 @@ pub struct CpuExecutor {
     host: KvCache,
     /// Each LoRA slot's adapter in the kernel's layout, keyed by its id.
     lora: Vec<Option<(LoraId, Arc<Prepared>)>>,
+    /// Tensor parallelism: `model` is this rank's shard (see [`crate::dist`]).
+    tp: Option<TpRank>,
 }
 
 impl CpuExecutor {
@@ -61,7 +64,15 @@ impl CpuExecutor {
             device,
             host,
             lora: Vec::new(),
+            tp: None,
         })
+    }
+
+    /// This executor as one tensor-parallel rank: its model is the rank's
+    /// shard and every forward pass communicates through `tp`.
+    pub fn with_tp(mut self, tp: TpRank) -> Self {
+        self.tp = Some(tp);
+        self
     }
 
     /// Makes the executor's prepared slots match the step's slot table:
@@ -193,7 +204,7 @@ impl Executor for CpuExecutor {
     }
 
     fn supports_lora(&self) -> bool {
-        true
+        self.tp.is_none()
     }
 
     fn execute_lora(
@@ -209,11 +220,19 @@ impl Executor for CpuExecutor {
             ));
         }
         lora.validate(batch.seqs.len())?;
+        if self.tp.is_some() && !lora.is_empty() {
+            return Err(ExecError::InvalidConfig(
+                "LoRA adapters are not sharded for tensor parallelism".into(),
+            ));
+        }
         self.apply_block_ops(ops)?;
         if lora.is_empty() {
-            return Ok(StepOutput::Logits(
-                self.model.forward(batch, &mut self.device)?,
-            ));
+            return Ok(StepOutput::Logits(self.model.forward_with(
+                batch,
+                &mut self.device,
+                None,
+                self.tp.as_ref(),
+            )?));
         }
         self.fill_lora_slots(lora);
         let prepared: Vec<Option<Arc<Prepared>>> = self

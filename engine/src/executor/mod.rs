@@ -9,6 +9,7 @@
 pub mod cpu;
 pub mod gpu;
 pub mod select;
+pub mod tp;
 pub mod types;
 
 #[cfg(test)]

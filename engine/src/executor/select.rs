@@ -73,7 +73,7 @@ pub enum WeightInput<'a> {
 
 impl WeightInput<'_> {
     /// The source for an executor that takes a file's matrices in `types`.
-    fn source(&mut self, types: WeightTypes) -> Box<dyn WeightSource + '_> {
+    pub(super) fn source(&mut self, types: WeightTypes) -> Box<dyn WeightSource + '_> {
         match self {
             WeightInput::File { reader, .. } => Box::new(FileSource { reader, types }),
             WeightInput::Memory(m) => Box::new(m),
@@ -81,7 +81,7 @@ impl WeightInput<'_> {
     }
 
     /// The types the CPU executor takes a file's matrices in.
-    fn cpu_types(&self) -> WeightTypes {
+    pub(super) fn cpu_types(&self) -> WeightTypes {
         match self {
             WeightInput::File { cpu_types, .. } => *cpu_types,
             WeightInput::Memory(_) => WeightTypes::File,
@@ -128,31 +128,50 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// The CPU executor of a loaded model, its pools sized by `req`.
 pub fn cpu_executor(
-    mut model: CpuModel,
+    model: CpuModel,
     req: &ExecutorRequest,
     description: String,
 ) -> Result<BuiltExecutor, BuildError> {
+    let kv_heads = model.config().num_key_value_heads;
+    let (executor, description) = cpu_sized(model, req, description, kv_heads)?;
+    Ok(BuiltExecutor {
+        executor: Box::new(executor),
+        description,
+    })
+}
+
+/// [`cpu_executor`] unboxed, its pools sized as if the model had
+/// `sizing_kv_heads` KV heads (tensor-parallel ranks size for the largest
+/// shard, so every rank holds the same number of blocks).
+pub(super) fn cpu_sized(
+    mut model: CpuModel,
+    req: &ExecutorRequest,
+    description: String,
+    sizing_kv_heads: usize,
+) -> Result<(CpuExecutor, String), BuildError> {
     model.set_batch_invariant(req.batch_invariant);
     let kv_dtype = req
         .kv_cache_dtype
         .unwrap_or_else(|| KvDtype::auto(model.is_quantized()));
-    let per_block = CpuExecutor::bytes_per_block(&model, req.block_size, kv_dtype).max(1);
+    let mut geom = model.kv_geometry(1, req.block_size);
+    geom.num_kv_heads = sizing_kv_heads;
+    let per_block = geom.bytes_per_block(kv_dtype.size()).max(1);
     let gpu_blocks = req
         .num_gpu_blocks
         .unwrap_or(req.cpu_kv_cache_bytes / per_block);
     let cpu_blocks = req.swap_bytes / per_block;
     let executor =
         CpuExecutor::with_kv_dtype(model, gpu_blocks, cpu_blocks, req.block_size, kv_dtype)?;
-    Ok(BuiltExecutor {
-        executor: Box::new(executor),
-        description: format!(
+    Ok((
+        executor,
+        format!(
             "{description}, KV cache {}: pool {:.0} MiB and swap pool {:.0} MiB reserved, \
              resident only as blocks are written",
             kv_dtype.name(),
             (gpu_blocks * per_block) as f64 / MIB,
             (cpu_blocks * per_block) as f64 / MIB,
         ),
-    })
+    ))
 }
 
 /// `None` when a CUDA executor can be tried, else why not.

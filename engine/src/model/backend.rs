@@ -168,6 +168,21 @@ pub trait Backend {
         accumulate: bool,
     ) -> Result<(), Self::Error>;
 
+    /// A row-parallel layer (o_proj, down_proj): as [`Self::linear`], and
+    /// under tensor parallelism each rank holds a slice of `w`'s input
+    /// features, so the ranks' partial products are summed (an all-reduce;
+    /// with `accumulate`, `out` is added once, not once per rank). The
+    /// default, for a backend without tensor parallelism, is `linear`.
+    fn linear_row_parallel(
+        &mut self,
+        out: Act,
+        x: Act,
+        w: &<Self::Format as Format>::Matrix,
+        accumulate: bool,
+    ) -> Result<(), Self::Error> {
+        self.linear(out, x, w, accumulate)
+    }
+
     /// LoRA: right after the linear layer of layer `layer` that wrote
     /// `out` from `x`, adds each row's adapter delta `scale (x A^T) B^T`
     /// into the columns `cols` name (fused layers: one entry per target).

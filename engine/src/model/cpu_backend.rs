@@ -23,6 +23,7 @@ use super::lora::LoraCols;
 use super::ops::{embed, gelu_tanh_mul, rms_norm, rms_norm_in_place, silu_mul, RopeTables};
 use super::quant::{ActPrecision, QMatrix};
 use super::ModelError;
+use crate::dist::TpRank;
 use engine_core::{ExecError, ForwardBatch, Logits};
 use model_loader::{ModelConfig, ModelWeights, Weight};
 use std::sync::Arc;
@@ -138,6 +139,19 @@ impl CpuModel {
         cache: &mut KvCache,
         lora: Option<CpuLora<'_>>,
     ) -> Result<Logits, ExecError> {
+        self.forward_with(batch, cache, lora, None)
+    }
+
+    /// [`Self::forward_lora`] on one tensor-parallel rank (`tp`: this
+    /// model is the rank's shard; see [`crate::dist`]). Rank 0 gets the
+    /// whole vocabulary's logits; the other ranks get none (`rows: 0`).
+    pub fn forward_with(
+        &self,
+        batch: &ForwardBatch,
+        cache: &mut KvCache,
+        lora: Option<CpuLora<'_>>,
+        tp: Option<&TpRank>,
+    ) -> Result<Logits, ExecError> {
         let d = self.dims();
         let geom = cache.geometry();
         if geom.num_layers != d.layers
@@ -161,6 +175,7 @@ impl CpuModel {
         }
         let mut step = CpuStep::new(batch, cache, d);
         step.lora = lora;
+        step.tp = tp;
         self.run(&mut step)?;
         step.logits
             .take()
@@ -198,6 +213,8 @@ pub struct CpuStep<'a> {
     logits: Option<Logits>,
     /// The step's adapters (none: base model only).
     lora: Option<CpuLora<'a>>,
+    /// This rank's collectives and shard under tensor parallelism.
+    tp: Option<&'a TpRank>,
 }
 
 /// A step's adapters on the CPU: each slot's prepared weights and the rows
@@ -220,11 +237,28 @@ impl<'a> CpuStep<'a> {
             tmp: Vec::new(),
             logits: None,
             lora: None,
+            tp: None,
         }
     }
 
     fn rows(&self) -> usize {
         self.batch.token_ids.len()
+    }
+}
+
+/// Row `r` of a (possibly stacked) table into `out`; nothing when the
+/// table has no row `r`.
+fn table_row(parts: &[LinearWeight], mut r: usize, h: usize, out: &mut [f32]) {
+    for p in parts {
+        let rows = p.rows(h);
+        if r < rows {
+            match p {
+                LinearWeight::F32(t) => out.copy_from_slice(&t[r * h..(r + 1) * h]),
+                LinearWeight::Quant(q) => q.dequantize_row(r, out),
+            }
+            return;
+        }
+        r -= rows;
     }
 }
 
@@ -261,27 +295,25 @@ impl Backend for CpuStep<'_> {
         let h = self.dims.hidden;
         let ids = &self.batch.token_ids;
         let out = &mut self.bufs[out.index()];
-        match table.parts.as_slice() {
-            [LinearWeight::F32(t)] => embed(t, h, ids, out),
-            parts => {
+        match (table.parts.as_slice(), self.tp) {
+            ([LinearWeight::F32(t)], None) => embed(t, h, ids, out),
+            (parts, tp) => {
+                // Under tensor parallelism the table holds the rank's
+                // vocabulary rows: other ids stay zero, and the sum over
+                // ranks below fills every row exactly once.
+                let first = tp.map_or(0, |tp| tp.shard().vocab.start);
                 for (o, &id) in out.chunks_exact_mut(h).zip(ids) {
-                    let mut r = id as usize;
-                    for p in parts {
-                        let rows = p.rows(h);
-                        if r < rows {
-                            match p {
-                                LinearWeight::F32(t) => o.copy_from_slice(&t[r * h..(r + 1) * h]),
-                                LinearWeight::Quant(q) => q.dequantize_row(r, o),
-                            }
-                            break;
-                        }
-                        r -= rows;
+                    if let Some(r) = (id as usize).checked_sub(first) {
+                        table_row(parts, r, h, o);
                     }
                 }
             }
         }
         if let Some(s) = scale {
             out.iter_mut().for_each(|v| *v *= s);
+        }
+        if let Some(tp) = self.tp {
+            tp.comm.all_reduce_sum(out)?;
         }
         Ok(())
     }
@@ -297,6 +329,22 @@ impl Backend for CpuStep<'_> {
         let (out, x) = io(&mut self.bufs, out, x)?;
         w.forward(x, n, out, accumulate);
         Ok(())
+    }
+
+    fn linear_row_parallel(
+        &mut self,
+        out: Act,
+        x: Act,
+        w: &Linear,
+        accumulate: bool,
+    ) -> Result<(), ExecError> {
+        let Some(tp) = self.tp else {
+            return self.linear(out, x, w, accumulate);
+        };
+        // Rank 0 adds into `out`, the others overwrite it with their
+        // partial product: the sum is `out + sum of partials`.
+        self.linear(out, x, w, accumulate && tp.comm.rank() == 0)?;
+        tp.comm.all_reduce_sum(&mut self.bufs[out.index()])
     }
 
     fn lora(&mut self, out: Act, x: Act, layer: usize, cols: &[LoraCols]) -> Result<(), ExecError> {
@@ -413,9 +461,46 @@ impl Backend for CpuStep<'_> {
         }
         let mut normed = vec![0.0f32; rows * h];
         rms_norm(&sel, final_norm, eps, &mut normed);
-        let mut data = vec![0.0f32; rows * vocab];
-        head.forward(&normed, rows, &mut data, false);
-        self.logits = Some(Logits { rows, vocab, data });
+        let Some(tp) = self.tp else {
+            let mut data = vec![0.0f32; rows * vocab];
+            head.forward(&normed, rows, &mut data, false);
+            self.logits = Some(Logits { rows, vocab, data });
+            return Ok(());
+        };
+        let widths: Vec<usize> = tp.plan.ranks.iter().map(|r| r.vocab.len()).collect();
+        let mine = widths[tp.comm.rank()];
+        let mut part = vec![0.0f32; rows * mine];
+        head.forward(&normed, rows, &mut part, false);
+        let counts: Vec<usize> = widths.iter().map(|w| w * rows).collect();
+        let all = tp.comm.gather(&part, &counts)?;
+        self.logits = Some(if tp.comm.rank() == 0 {
+            Logits {
+                rows,
+                vocab,
+                data: interleave(&all, rows, &widths),
+            }
+        } else {
+            Logits {
+                rows: 0,
+                vocab,
+                data: Vec::new(),
+            }
+        });
         Ok(())
     }
+}
+
+/// Rank-ordered `[rows, widths[r]]` blocks into one `[rows, sum]` matrix.
+fn interleave(blocks: &[f32], rows: usize, widths: &[usize]) -> Vec<f32> {
+    let total: usize = widths.iter().sum();
+    let mut out = vec![0.0f32; rows * total];
+    let (mut src, mut col) = (0, 0);
+    for &w in widths {
+        for r in 0..rows {
+            out[r * total + col..r * total + col + w].copy_from_slice(&blocks[src..src + w]);
+            src += w;
+        }
+        col += w;
+    }
+    out
 }

@@ -170,7 +170,8 @@ where
     S: WeightSink,
     S::Error: From<ModelError>,
 {
-    let vh = [d.vocab, d.hidden];
+    let rows = source.vocab_rows().map_or(d.vocab, |r| r.len());
+    let vh = [rows, d.hidden];
     let emb = expect_w(source.token_embedding()?, "token_embedding", &vh)?;
     let embedding = sink.matrix("token_embedding", vec![emb], d.hidden, None)?;
     let lm_head = match source.lm_head()? {

@@ -118,6 +118,11 @@ pub trait WeightSource {
     fn lm_head(&mut self) -> Result<Option<Weight>, ModelError>;
     /// `[hidden]`.
     fn final_norm(&mut self) -> Result<Tensor, ModelError>;
+    /// The vocabulary rows the embedding and head hold (`None`: all; a
+    /// tensor-parallel shard holds a range, see [`crate::dist`]).
+    fn vocab_rows(&self) -> Option<std::ops::Range<usize>> {
+        None
+    }
 }
 
 impl<S: WeightSource + ?Sized> WeightSource for &mut S {
@@ -139,6 +144,10 @@ impl<S: WeightSource + ?Sized> WeightSource for &mut S {
 
     fn final_norm(&mut self) -> Result<Tensor, ModelError> {
         (**self).final_norm()
+    }
+
+    fn vocab_rows(&self) -> Option<std::ops::Range<usize>> {
+        (**self).vocab_rows()
     }
 }
 

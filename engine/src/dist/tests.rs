@@ -1,0 +1,232 @@
+//! Tensor parallelism in one process: ranks on threads ([`super::threads`]),
+//! each building its shard through [`build_tp_executor`] exactly as an
+//! `mpiexec` rank does, rank 0 driven like any executor.
+
+use super::threads;
+use super::Collective;
+use crate::executor::tp::{build_tp_executor, check_agreement, run_worker};
+use crate::executor::{
+    generate_greedy, BlockOps, DeviceKind, ExecError, Executor, ExecutorRequest, ForwardBatch,
+    Sampling, SeqSpan, WeightInput,
+};
+use crate::kv::{BlockCopy, BlockId};
+use crate::model::test_util::{random_weights, tiny_config};
+use crate::model::InMemory;
+use model_loader::{ModelConfig, WeightReader, WeightTypes};
+use std::sync::Arc;
+
+fn request() -> ExecutorRequest {
+    ExecutorRequest {
+        device: DeviceKind::Cpu,
+        block_size: 4,
+        num_gpu_blocks: Some(64),
+        cpu_kv_cache_bytes: 0,
+        swap_bytes: 0,
+        gpu_memory_utilization: 0.9,
+        max_num_batched_tokens: 64,
+        dtype: crate::executor::gpu::DType::F32,
+        kv_cache_dtype: None,
+        max_num_seqs: 8,
+        enforce_eager: false,
+        batch_invariant: false,
+    }
+}
+
+/// Runs `drive` on rank 0 of `world` thread ranks, each rank's executor
+/// built by `build`; the other ranks serve until rank 0's executor drops.
+fn with_ranks<T>(
+    world: usize,
+    build: impl Fn(Arc<dyn Collective>) -> Box<dyn Executor> + Sync,
+    drive: impl FnOnce(&mut dyn Executor) -> T,
+) -> T {
+    let mut ranks = threads::group(world).into_iter();
+    let zero: Arc<dyn Collective> = Arc::new(ranks.next().expect("rank 0"));
+    std::thread::scope(|s| {
+        let workers: Vec<_> = ranks
+            .map(|r| {
+                let build = &build;
+                s.spawn(move || {
+                    let comm: Arc<dyn Collective> = Arc::new(r);
+                    let mut exec = build(Arc::clone(&comm));
+                    run_worker(&mut *exec, &*comm)
+                })
+            })
+            .collect();
+        let mut exec = build(zero);
+        let out = drive(&mut *exec);
+        drop(exec);
+        for w in workers {
+            w.join().expect("worker thread").expect("worker loop");
+        }
+        out
+    })
+}
+
+fn tiny(comm: Arc<dyn Collective>, c: &ModelConfig) -> Box<dyn Executor> {
+    let input = WeightInput::Memory(InMemory::from(random_weights(c, 7)));
+    build_tp_executor(c.clone(), input, &request(), comm)
+        .expect("shard")
+        .executor
+}
+
+/// Two prompts prefilled together, then a decode step after a
+/// copy-on-write block copy: every logit row of every step.
+fn steps(exec: &mut dyn Executor) -> Vec<Vec<f32>> {
+    let prefill = ForwardBatch {
+        token_ids: vec![3, 14, 15, 92, 65, 35, 89, 79, 32],
+        positions: vec![0, 1, 2, 3, 4, 0, 1, 2, 3],
+        slot_mapping: vec![0, 1, 2, 3, 4, 8, 9, 10, 11],
+        seqs: vec![
+            SeqSpan {
+                query_len: 5,
+                context_len: 5,
+                block_table: vec![BlockId(0), BlockId(1)],
+            },
+            SeqSpan {
+                query_len: 4,
+                context_len: 4,
+                block_table: vec![BlockId(2)],
+            },
+        ],
+        logits_rows: vec![4, 8],
+    };
+    let decode = ForwardBatch {
+        token_ids: vec![46, 26],
+        positions: vec![5, 4],
+        slot_mapping: vec![5, 12],
+        seqs: vec![
+            SeqSpan {
+                query_len: 1,
+                context_len: 6,
+                block_table: vec![BlockId(0), BlockId(1)],
+            },
+            SeqSpan {
+                query_len: 1,
+                context_len: 5,
+                block_table: vec![BlockId(2), BlockId(3)],
+            },
+        ],
+        logits_rows: vec![0, 1],
+    };
+    let copy = BlockOps {
+        copies: vec![BlockCopy {
+            src: BlockId(2),
+            dst: BlockId(5),
+        }],
+        ..BlockOps::default()
+    };
+    [(BlockOps::default(), prefill), (copy, decode)]
+        .iter()
+        .map(|(ops, b)| {
+            let l = exec
+                .execute(ops, b, &Sampling::Host)
+                .and_then(|o| o.into_logits())
+                .expect("step");
+            assert_eq!((l.rows, l.vocab), (b.logits_rows.len(), 97));
+            l.data
+        })
+        .collect()
+}
+
+#[test]
+fn sharded_logits_equal_the_whole_model() {
+    for bias in [false, true] {
+        let c = tiny_config(bias, None);
+        let want = with_ranks(1, |comm| tiny(comm, &c), steps);
+        for world in [2, 3] {
+            let got = with_ranks(world, |comm| tiny(comm, &c), steps);
+            for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
+                assert!((g - w).abs() < 1e-4, "tp {world} bias {bias}: {g} vs {w}");
+            }
+        }
+    }
+}
+
+#[test]
+fn ranks_that_disagree_all_fail_with_the_difference() {
+    let ranks = threads::group(2);
+    let results: Vec<Result<(), ExecError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .map(|r| {
+                let flags = if r.rank() == 0 {
+                    "--block-size 16"
+                } else {
+                    "--block-size 32"
+                };
+                s.spawn(move || check_agreement(r, flags))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank"))
+            .collect()
+    });
+    let e1 = results[1].as_ref().expect_err("rank 1 differs").to_string();
+    assert!(
+        e1.contains("--block-size 32") && e1.contains("--block-size 16"),
+        "{e1}"
+    );
+    assert!(results[0].is_err(), "rank 0 fails too");
+    let same = threads::group(2);
+    std::thread::scope(|s| {
+        for r in &same {
+            s.spawn(move || check_agreement(r, "same").expect("agree"));
+        }
+    });
+}
+
+#[test]
+fn adapters_and_device_sampling_are_refused_before_any_broadcast() {
+    let c = tiny_config(false, None);
+    with_ranks(
+        2,
+        |comm| tiny(comm, &c),
+        |exec| {
+            assert!(!exec.supports_lora());
+            let e = exec
+                .execute(
+                    &BlockOps::default(),
+                    &ForwardBatch::default(),
+                    &Sampling::Greedy,
+                )
+                .expect_err("greedy on the device");
+            assert!(e.to_string().contains("host draws"), "{e}");
+            // The ranks still serve a step afterwards (nothing was sent).
+            steps(exec);
+        },
+    );
+}
+
+/// The default model, quantized (Q4_1 blocks kept) and as f32: greedy
+/// tokens over 2 and 3 ranks equal one rank's.
+#[test]
+fn smollm2_greedy_tokens_match_one_rank() {
+    let path = model_loader::paths::default_model_path();
+    if !path.is_file() {
+        eprintln!("SKIP: {} missing (cargo xtask fetch-model)", path.display());
+        return;
+    }
+    let reader = WeightReader::open(&path).expect("open");
+    let prompt: Vec<u32> = vec![1, 9690, 314, 253, 5354, 30, 6121, 523, 1535, 282, 4195, 30];
+    for types in [WeightTypes::File, WeightTypes::F32] {
+        let build = |comm: Arc<dyn Collective>| {
+            let input = WeightInput::File {
+                reader: &reader,
+                cpu_types: types,
+            };
+            let mut req = request();
+            req.block_size = 16;
+            build_tp_executor(reader.config().clone(), input, &req, comm)
+                .expect("shard")
+                .executor
+        };
+        let run = |exec: &mut dyn Executor| {
+            generate_greedy(exec, &prompt, 12, &[], |_| {}).expect("generate")
+        };
+        let want = with_ranks(1, build, run);
+        for world in [2, 3] {
+            assert_eq!(with_ranks(world, build, run), want, "{types:?} tp {world}");
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Tensor-parallel executors (see [`crate::dist`]): rank 0's [`TpDriver`],
+//! which the engine drives like any executor, and the loop the other
+//! ranks run ([`run_worker`]).
+//!
+//! One scheduler: rank 0 runs HTTP, the scheduler, the KV block manager
+//! and sampling. Each step, the driver broadcasts the step (block moves and
+//! the batch: ids, positions, slots, block tables) to every rank, then
+//! runs its own shard; the ranks meet in the forward pass's collectives
+//! and rank 0 alone gets the logits. Each rank's pools have the same block
+//! count, so rank 0's block ids hold on every rank.
+//!
+//! Invariants: the driver refuses whatever rank 0 would refuse before it
+//! broadcasts (adapters, device sampling), so a broadcast step runs on
+//! every rank or fails on every rank in validation, before any collective;
+//! dropping the driver tells the other ranks to stop.
+//!
+//! Cost per step: one broadcast of O(tokens + block-table entries) bytes,
+//! plus the forward pass's collectives (two all-reduces of `[tokens,
+//! hidden]` per layer, one for the embedding, one gather of the logits).
+
+use super::select::{cpu_sized, DeviceKind, ExecutorRequest, WeightInput};
+use super::{
+    BlockOps, BuildError, BuiltExecutor, Capabilities, ExecError, Executor, ForwardBatch, Sampling,
+    StepOutput,
+};
+use crate::dist::wire::Command;
+use crate::dist::{Collective, ShardSource, TpPlan, TpRank};
+use crate::model::lora::LoraStep;
+use crate::model::{CpuModel, CpuSink, Dims};
+use model_loader::ModelConfig;
+use std::sync::Arc;
+
+/// Rank 0's executor: broadcasts each step, then runs its own shard.
+pub struct TpDriver {
+    inner: Box<dyn Executor>,
+    comm: Arc<dyn Collective>,
+}
+
+impl TpDriver {
+    fn send(&self, command: &Command) -> Result<(), ExecError> {
+        self.comm.broadcast(&mut command.encode())
+    }
+}
+
+impl Drop for TpDriver {
+    fn drop(&mut self) {
+        if let Err(e) = self.send(&Command::Shutdown) {
+            tracing::warn!(error = %e, "could not tell the tensor-parallel ranks to stop");
+        }
+    }
+}
+
+impl Executor for TpDriver {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn execute(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        sampling: &Sampling,
+    ) -> Result<StepOutput, ExecError> {
+        if *sampling != Sampling::Host {
+            return Err(ExecError::InvalidConfig(
+                "tensor-parallel ranks return logits; the host draws".into(),
+            ));
+        }
+        self.send(&Command::Step {
+            ops: ops.clone(),
+            batch: batch.clone(),
+        })?;
+        self.inner.execute(ops, batch, sampling)
+    }
+
+    fn execute_lora(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        lora: &LoraStep,
+        sampling: &Sampling,
+    ) -> Result<StepOutput, ExecError> {
+        if !lora.is_empty() {
+            return Err(ExecError::InvalidConfig(
+                "LoRA adapters are not sharded for tensor parallelism".into(),
+            ));
+        }
+        self.execute(ops, batch, sampling)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    fn num_blocks(&self) -> (usize, usize) {
+        self.inner.num_blocks()
+    }
+
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+}
+
+/// The loop of a rank other than 0: runs each step rank 0 broadcasts until
+/// it says stop. A step that fails validation fails on every rank alike
+/// (logged here; rank 0 reports it); a failed collective ends the loop.
+pub fn run_worker(exec: &mut dyn Executor, comm: &dyn Collective) -> Result<(), ExecError> {
+    loop {
+        let mut bytes = Vec::new();
+        comm.broadcast(&mut bytes)?;
+        match Command::decode(&bytes)? {
+            Command::Shutdown => return Ok(()),
+            Command::Step { ops, batch } => match exec.execute(&ops, &batch, &Sampling::Host) {
+                Ok(_) => {}
+                Err(e @ ExecError::Collective(_)) => return Err(e),
+                Err(e) => tracing::warn!(error = %e, "step refused on this rank"),
+            },
+        }
+    }
+}
+
+/// Fails on every rank unless all ranks were started with the same
+/// `fingerprint` (model file and flags): `mpiexec` ranks that disagree
+/// would otherwise load different shards and compute nonsense.
+pub fn check_agreement(comm: &dyn Collective, fingerprint: &str) -> Result<(), ExecError> {
+    let mut theirs = fingerprint.as_bytes().to_vec();
+    comm.broadcast(&mut theirs)?;
+    let same = theirs == fingerprint.as_bytes();
+    let mut agree = [f32::from(u8::from(same))];
+    comm.all_reduce_sum(&mut agree)?;
+    if agree[0] as usize == comm.world() {
+        return Ok(());
+    }
+    Err(ExecError::Collective(if same {
+        "another rank was started with a different model or flags (see its log)".into()
+    } else {
+        format!(
+            "rank {} was started with {fingerprint:?}, rank 0 with {:?}",
+            comm.rank(),
+            String::from_utf8_lossy(&theirs)
+        )
+    }))
+}
+
+/// This rank's executor for `config`'s model split over `comm.world()`
+/// ranks: rank 0 gets a [`TpDriver`], the others the plain CPU executor
+/// that [`run_worker`] drives.
+pub fn build_tp_executor(
+    config: ModelConfig,
+    mut input: WeightInput<'_>,
+    req: &ExecutorRequest,
+    comm: Arc<dyn Collective>,
+) -> Result<BuiltExecutor, BuildError> {
+    if req.device == DeviceKind::Cuda {
+        return Err(ExecError::InvalidConfig(
+            "tensor parallelism runs on the CPU executor in this build (NCCL between GPUs \
+             is not built yet): use --device cpu"
+                .into(),
+        )
+        .into());
+    }
+    let plan = Arc::new(TpPlan::new(&Dims::of(&config)?, comm.world())?);
+    let rank = comm.rank();
+    let local = plan.local_config(&config, rank);
+    let types = input.cpu_types();
+    let mut whole = input.source(types);
+    let mut shard = ShardSource::new(&mut *whole, plan.ranks[rank].clone(), plan.head_dim);
+    let model = CpuModel::load(local, &mut shard, &mut CpuSink)?;
+    let layout = plan.describe(rank, comm.library());
+    let (exec, description) = cpu_sized(model, req, format!("cpu, {layout}"), plan.max_kv_heads())?;
+    let exec = exec.with_tp(TpRank {
+        comm: Arc::clone(&comm),
+        plan,
+    });
+    let executor: Box<dyn Executor> = if rank == 0 {
+        Box::new(TpDriver {
+            inner: Box::new(exec),
+            comm,
+        })
+    } else {
+        Box::new(exec)
+    };
+    Ok(BuiltExecutor {
+        executor,
+        description,
+    })
+}

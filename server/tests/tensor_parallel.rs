@@ -1,0 +1,317 @@
+//! Tensor parallelism through the real binary under `mpiexec` (feature
+//! `mpi`; CI installs MPICH): greedy ids over 2 and 3 ranks equal one
+//! rank's on the golden prompts, for SmolLM2 (quantized and float32),
+//! Qwen2.5-Coder-0.5B (uneven FFN blocks) and Gemma-3-270M (its one KV
+//! head replicated), all through HTTP on rank 0; and a rank killed
+//! mid-request ends the whole job, bounded, the client getting an error.
+//!
+//! Every server runs `--batch-invariant`, so a prompt's ids do not depend
+//! on which prompts share its steps and the prompts can be sent at once.
+//! Each model skips, printing why, when its file is missing.
+#![cfg(feature = "mpi")]
+
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_server");
+
+/// An `mpiexec` job (or one plain server), ended on drop.
+struct Job {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        // SIGTERM: rank 0 shuts down gracefully and tells the other ranks
+        // to stop; mpiexec forwards it to every rank.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn mpiexec_available() -> bool {
+    Command::new("mpiexec").arg("--version").output().is_ok()
+}
+
+/// Starts `ranks` ranks (1: the plain server, no MPI) on `model`, and
+/// waits until rank 0 answers /health.
+fn launch(ranks: usize, model: &Path, extra: &[&str]) -> Job {
+    let port = free_port();
+    let log = std::env::temp_dir().join(format!("tp-{port}.log"));
+    let mut cmd = if ranks == 1 {
+        Command::new(BIN)
+    } else {
+        let mut c = Command::new("mpiexec");
+        c.args(["-n", &ranks.to_string(), BIN]);
+        c.args(["--tensor-parallel-size", &ranks.to_string()]);
+        c.args(["--distributed-executor-backend", "mpi"]);
+        c
+    };
+    cmd.args(["--model", &model.display().to_string()])
+        .args(["--port", &port.to_string(), "--threads", "1"])
+        .args(["--max-model-len", "1024", "--kv-cache-memory", "0.25"])
+        .args([
+            "--swap-space",
+            "0",
+            "--batch-invariant",
+            "--served-model-name",
+            "m",
+        ])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let mut job = Job {
+        child: cmd
+            .spawn()
+            .expect("mpiexec (apt-get install mpich) or the server starts"),
+        port,
+        log,
+    };
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Ok(Some(status)) = job.child.try_wait() {
+            panic!(
+                "{ranks} ranks exited ({status}) before serving:\n{}",
+                job.log_text()
+            );
+        }
+        if http(job.addr(), "GET", "/health", None).is_some_and(|(s, _)| s == 200) {
+            return job;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not up in 180 s:\n{}",
+            job.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+impl Job {
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// One HTTP/1.1 exchange: `None` when the connection fails or closes
+/// before a whole response.
+fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(300))).ok()?;
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, rest) = out.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, rest.to_string()))
+}
+
+/// Greedy completions of every prompt (sent at once): each one's tokens.
+fn greedy(job: &Job, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<String>> {
+    let addr = job.addr();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                s.spawn(move || {
+                    let body = json!({"model": "m", "prompt": p, "max_tokens": n,
+                        "temperature": 0, "logprobs": 1, "ignore_eos": true});
+                    let (status, text) =
+                        http(addr, "POST", "/v1/completions", Some(&body)).expect("response");
+                    assert_eq!(status, 200, "{text}");
+                    let v: Value = serde_json::from_str(&text).expect("json");
+                    v["choices"][0]["logprobs"]["tokens"]
+                        .as_array()
+                        .expect("tokens")
+                        .iter()
+                        .map(|t| t.as_str().unwrap_or_default().to_string())
+                        .collect::<Vec<String>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client"))
+            .collect()
+    })
+}
+
+fn fixture(name: &str) -> Vec<Vec<u32>> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture"))
+        .expect("fixture json");
+    v["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| {
+            c["prompt_ids"]
+                .as_array()
+                .expect("prompt_ids")
+                .iter()
+                .map(|i| i.as_u64().expect("id") as u32)
+                .collect()
+        })
+        .collect()
+}
+
+fn model(file: &str) -> Option<PathBuf> {
+    let p = model_loader::paths::models_dir().join(file);
+    if p.is_file() {
+        Some(p)
+    } else {
+        eprintln!("SKIP {file}: missing (cargo xtask fetch-model)");
+        None
+    }
+}
+
+/// Greedy tokens over 2 and 3 ranks equal one rank's.
+fn same_over_ranks(file: &str, golden: &str, extra: &[&str]) {
+    if !mpiexec_available() {
+        eprintln!("SKIP tensor parallel: no mpiexec (apt-get install mpich)");
+        return;
+    }
+    let Some(path) = model(file) else { return };
+    let prompts = fixture(golden);
+    let want = greedy(&launch(1, &path, extra), &prompts, 32);
+    for ranks in [2, 3] {
+        let got = greedy(&launch(ranks, &path, extra), &prompts, 32);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "{file} {extra:?}, {ranks} ranks, prompt {i}");
+        }
+    }
+}
+
+#[test]
+fn smollm2_quantized_over_ranks() {
+    same_over_ranks(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2_golden.json",
+        &[],
+    );
+}
+
+#[test]
+fn smollm2_float32_over_ranks() {
+    same_over_ranks(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2_golden.json",
+        &["--dtype", "float32"],
+    );
+}
+
+#[test]
+fn qwen_coder_over_ranks() {
+    same_over_ranks(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen2.5_coder_golden.json",
+        &[],
+    );
+}
+
+#[test]
+fn gemma3_replicated_kv_head_over_ranks() {
+    same_over_ranks("gemma-3-270m-q4_k_m.gguf", "gemma3_golden.json", &[]);
+}
+
+/// Process ids whose command line holds `needle` and whose environment
+/// says MPI rank `rank` (MPICH's PMI_RANK).
+fn rank_pids(needle: &str, rank: usize) -> Vec<u32> {
+    let want = format!("PMI_RANK={rank}");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains(needle)
+                && env.split(|&b| b == 0).any(|v| v == want.as_bytes())
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_and_the_client_gets_an_error() {
+    if !mpiexec_available() {
+        eprintln!("SKIP tensor parallel: no mpiexec (apt-get install mpich)");
+        return;
+    }
+    let Some(path) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let mut job = launch(2, &path, &[]);
+    let port = job.port.to_string();
+    let needle = format!("--port\0{port}\0");
+    let addr = job.addr();
+    let client = std::thread::spawn(move || {
+        let body = json!({"model": "m", "prompt": "Tell me a long story.",
+            "max_tokens": 800, "temperature": 0, "ignore_eos": true});
+        http(addr, "POST", "/v1/completions", Some(&body))
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let victims = rank_pids(&needle, 1);
+    assert_eq!(victims.len(), 1, "rank 1's process: {victims:?}");
+    Command::new("kill")
+        .args(["-KILL", &victims[0].to_string()])
+        .status()
+        .expect("kill");
+    let killed = Instant::now();
+    // The client gets no successful answer: the connection ends without a
+    // response or with a server error.
+    match client.join().expect("client") {
+        None => {}
+        Some((status, body)) => assert!(status >= 500, "{status}: {body}"),
+    }
+    // The whole job ends, non-zero, within a bounded time.
+    let status = loop {
+        if let Some(s) = job.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "the job still runs 60 s after a rank died:\n{}",
+            job.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success(), "mpiexec exited {status}");
+    assert!(rank_pids(&needle, 0).is_empty(), "rank 0 still runs");
+    println!("job ended {:?} after the kill ({status})", killed.elapsed());
+}
