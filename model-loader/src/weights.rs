@@ -436,7 +436,7 @@ mod slice_tests {
         let f = Weight::F32(Tensor::new(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]));
         check(&f, 0..2, 1..3);
         // 128 is inside Q4_K's 256-value block.
-        let e = k.slice_cols(0..128).err().expect("refused");
+        let e = k.slice_cols(0..128).expect_err("refused");
         assert!(e.to_string().contains("256-value blocks of Q4_K"), "{e}");
         assert!(k.slice_rows(4..6).is_err());
         assert!(q8.slice_cols(0..128).is_err());

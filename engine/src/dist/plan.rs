@@ -40,6 +40,9 @@ pub struct TpPlan {
     pub head_dim: usize,
 }
 
+/// One rank's query heads and KV heads.
+type HeadSplit = (Range<usize>, Range<usize>);
+
 /// `n` split into `parts` ranges, the first `n % parts` one longer.
 fn even(n: usize, parts: usize) -> Vec<Range<usize>> {
     let (q, r) = (n / parts, n % parts);
@@ -103,7 +106,7 @@ impl TpPlan {
     }
 
     /// Each rank's (query heads, KV heads).
-    fn heads(d: &Dims, world: usize) -> Result<Vec<(Range<usize>, Range<usize>)>, ModelError> {
+    fn heads(d: &Dims, world: usize) -> Result<Vec<HeadSplit>, ModelError> {
         let per_group = d.heads / d.kv_heads;
         if world <= d.kv_heads {
             return Ok(even(d.kv_heads, world)
