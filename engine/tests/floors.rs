@@ -16,9 +16,10 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("kv", &["error"]),
     ("grammar", &["error"]),
     ("sampler", &["error", "grammar"]),
-    ("model", &["error"]),
+    ("dist", &["error"]),
+    ("model", &["error", "dist"]),
     ("spec", &["error"]),
-    ("executor", &["error", "kv", "model", "sampler"]),
+    ("executor", &["error", "dist", "kv", "model", "sampler"]),
     ("scheduler", &["error", "kv", "grammar", "sampler", "spec"]),
     (
         "engine_loop",

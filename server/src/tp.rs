@@ -75,3 +75,60 @@ pub fn fingerprint(engine: &EngineArgs, model: &Path) -> String {
     };
     format!("{name} ({size} bytes), {flags:?}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Cli;
+    use clap::Parser;
+
+    fn engine(argv: &[&str]) -> EngineArgs {
+        let argv = std::iter::once("server").chain(argv.iter().copied());
+        Cli::try_parse_from(argv).expect("flags parse").serve.engine
+    }
+
+    fn refusal(argv: &[&str]) -> String {
+        match collective(&engine(argv)) {
+            Ok(_) => panic!("{argv:?} accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn size_one_needs_no_collectives_and_bad_launches_say_what_to_do() {
+        assert!(collective(&engine(&[])).expect("size 1").is_none());
+        let e = refusal(&["--tensor-parallel-size", "2"]);
+        assert!(e.contains("mpiexec -n 2") && e.contains("NCCL"), "{e}");
+        let e = refusal(&["--tensor-parallel-size", "2", "--enable-lora"]);
+        assert!(e.contains("adapters are not sharded"), "{e}");
+        #[cfg(not(feature = "mpi"))]
+        {
+            let e = refusal(&[
+                "--tensor-parallel-size",
+                "2",
+                "--distributed-executor-backend",
+                "mpi",
+            ]);
+            assert!(e.contains("--features mpi"), "{e}");
+        }
+        assert!(Cli::try_parse_from(["server", "--tensor-parallel-size", "0"]).is_err());
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_the_folder_and_names_each_flag() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).expect("a");
+        std::fs::create_dir_all(&b).expect("b");
+        std::fs::write(a.join("m.gguf"), b"12345").expect("write");
+        std::fs::write(b.join("m.gguf"), b"12345").expect("write");
+        let e = engine(&["--block-size", "32"]);
+        let fa = fingerprint(&e, &a.join("m.gguf"));
+        assert_eq!(fa, fingerprint(&e, &b.join("m.gguf")));
+        assert!(
+            fa.starts_with("m.gguf (5 bytes), ") && fa.contains("block_size: 32"),
+            "{fa}"
+        );
+        assert_ne!(fa, fingerprint(&engine(&[]), &a.join("m.gguf")));
+    }
+}

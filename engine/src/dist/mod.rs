@@ -1,15 +1,12 @@
-//! Tensor parallelism: one model split across ranks (processes), each rank
-//! holding a shard of every layer, the ranks summing their partial results
-//! through a collective library.
+//! Collective communication between tensor-parallel ranks (processes):
+//! the floor under the sharded model ([`crate::model::tp`]) and the
+//! tensor-parallel executors (`executor/tp.rs`).
 //!
 //! - [`Collective`]: the three operations the split needs (all-reduce sum,
 //!   gather to rank 0, broadcast from rank 0), behind one small trait.
 //!   [`Solo`] is world size 1 (no communication at all); `mpi` (feature
-//!   `mpi`) runs them on the system's MPI library through rsmpi.
-//! - [`plan`]: which heads, FFN columns and vocabulary rows each rank holds
-//!   ([`TpPlan`]), split as evenly as the KV groups and quant blocks allow.
-//! - [`shard`]: a [`crate::model::WeightSource`] that hands a rank only its
-//!   slices of each tensor, quantized blocks kept whole.
+//!   `mpi`) runs them on the system's MPI library through rsmpi; `threads`
+//!   (tests only) runs ranks as threads of one process.
 //! - [`wire`]: rank 0's step commands to the other ranks, as bytes.
 //!
 //! The split follows vLLM's: q/k/v and gate/up are column-parallel (each
@@ -17,9 +14,7 @@
 //! and down_proj row-parallel (each rank's partial product, then one
 //! all-reduce each: two per layer), the embedding and the LM head split by
 //! vocabulary (a masked lookup summed across ranks; logits gathered on rank
-//! 0). The model definition (`model/arch/`) states where a row-parallel
-//! layer is ([`crate::model::backend::Backend::linear_row_parallel`]); the
-//! CPU backend does the communication.
+//! 0). Which rank holds what is [`crate::model::tp`]'s plan.
 //!
 //! Invariants: every rank runs the same layer graph over the same batch,
 //! so every rank makes the same collective calls in the same order; block
@@ -28,22 +23,15 @@
 //!
 //! Pipeline parallelism would cut the layer list instead (each rank a range
 //! of `Model`'s layers, activations sent point to point between stages); it
-//! is not built, and its seam is the same [`Collective`] plus a layer range
-//! in [`TpPlan`].
+//! is not built, and its seam is the same [`Collective`] (plus a send and a
+//! receive) and a layer range in the plan.
 
-pub mod plan;
-pub mod shard;
 pub mod wire;
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 pub(crate) mod threads;
-
-pub use plan::{RankShard, TpPlan};
-pub use shard::ShardSource;
 
 use engine_core::ExecError;
 
@@ -93,29 +81,5 @@ impl Collective for Solo {
 
     fn broadcast(&self, _: &mut Vec<u8>) -> Result<(), ExecError> {
         Ok(())
-    }
-}
-
-/// What one rank's forward pass needs: the collectives and the plan.
-#[derive(Clone)]
-pub struct TpRank {
-    pub comm: std::sync::Arc<dyn Collective>,
-    pub plan: std::sync::Arc<TpPlan>,
-}
-
-impl TpRank {
-    /// This rank's shard.
-    pub fn shard(&self) -> &RankShard {
-        &self.plan.ranks[self.comm.rank()]
-    }
-}
-
-impl std::fmt::Debug for TpRank {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TpRank")
-            .field("rank", &self.comm.rank())
-            .field("world", &self.comm.world())
-            .field("library", &self.comm.library())
-            .finish()
     }
 }

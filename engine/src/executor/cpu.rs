@@ -10,11 +10,11 @@
 pub mod generate;
 
 use super::{BlockOps, Capabilities, ExecError, Executor, ForwardBatch, Sampling, StepOutput};
-use crate::dist::TpRank;
 use crate::kv::{BlockCopy, BlockId};
 use crate::model::cpu_backend::CpuLora;
 use crate::model::lora::kernel::{Prepared, RowGroups};
 use crate::model::lora::{LoraId, LoraStep};
+use crate::model::tp::TpRank;
 use crate::model::{CpuModel, KvCache, KvDtype};
 use std::sync::Arc;
 
@@ -25,7 +25,7 @@ pub struct CpuExecutor {
     host: KvCache,
     /// Each LoRA slot's adapter in the kernel's layout, keyed by its id.
     lora: Vec<Option<(LoraId, Arc<Prepared>)>>,
-    /// Tensor parallelism: `model` is this rank's shard (see [`crate::dist`]).
+    /// Tensor parallelism: `model` is this rank's shard (see [`crate::model::tp`]).
     tp: Option<TpRank>,
 }
 

@@ -10,6 +10,8 @@ pub mod cpu;
 pub mod gpu;
 pub mod select;
 pub mod tp;
+#[cfg(test)]
+mod tp_tests;
 pub mod types;
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Tensor-parallel executors (see [`crate::dist`]): rank 0's [`TpDriver`],
+//! Tensor-parallel executors (see [`crate::dist`] and [`crate::model::tp`]): rank 0's [`TpDriver`],
 //! which the engine drives like any executor, and the loop the other
 //! ranks run ([`run_worker`]).
 //!
@@ -24,8 +24,8 @@ use super::{
     StepOutput,
 };
 use crate::dist::wire::Command;
-use crate::dist::{Collective, ShardSource, TpPlan, TpRank};
-use crate::model::lora::LoraStep;
+use crate::dist::Collective;
+use crate::model::tp::{ShardSource, TpPlan, TpRank};
 use crate::model::{CpuModel, CpuSink, Dims};
 use model_loader::ModelConfig;
 use std::sync::Arc;
@@ -50,6 +50,8 @@ impl Drop for TpDriver {
     }
 }
 
+/// Adapters: the trait's default (`supports_lora` false, a step with
+/// adapters refused before anything is broadcast).
 impl Executor for TpDriver {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
@@ -71,21 +73,6 @@ impl Executor for TpDriver {
             batch: batch.clone(),
         })?;
         self.inner.execute(ops, batch, sampling)
-    }
-
-    fn execute_lora(
-        &mut self,
-        ops: &BlockOps,
-        batch: &ForwardBatch,
-        lora: &LoraStep,
-        sampling: &Sampling,
-    ) -> Result<StepOutput, ExecError> {
-        if !lora.is_empty() {
-            return Err(ExecError::InvalidConfig(
-                "LoRA adapters are not sharded for tensor parallelism".into(),
-            ));
-        }
-        self.execute(ops, batch, sampling)
     }
 
     fn vocab_size(&self) -> usize {
@@ -134,12 +121,24 @@ pub fn check_agreement(comm: &dyn Collective, fingerprint: &str) -> Result<(), E
     Err(ExecError::Collective(if same {
         "another rank was started with a different model or flags (see its log)".into()
     } else {
+        let theirs = String::from_utf8_lossy(&theirs);
+        let (mine, zero) = differing(fingerprint, &theirs);
         format!(
-            "rank {} was started with {fingerprint:?}, rank 0 with {:?}",
-            comm.rank(),
-            String::from_utf8_lossy(&theirs)
+            "rank {} was started with {mine}, rank 0 with {zero}",
+            comm.rank()
         )
     }))
+}
+
+/// The parts of two `, `-separated descriptions that differ (whole
+/// descriptions when they do not line up part for part).
+fn differing(a: &str, b: &str) -> (String, String) {
+    let (pa, pb): (Vec<&str>, Vec<&str>) = (a.split(", ").collect(), b.split(", ").collect());
+    if pa.len() != pb.len() {
+        return (a.to_string(), b.to_string());
+    }
+    let (da, db): (Vec<&str>, Vec<&str>) = pa.iter().zip(&pb).filter(|(x, y)| x != y).unzip();
+    (da.join(", "), db.join(", "))
 }
 
 /// This rank's executor for `config`'s model split over `comm.world()`

@@ -22,8 +22,8 @@ use super::lora::kernel::{apply, Prepared, RowGroups};
 use super::lora::LoraCols;
 use super::ops::{embed, gelu_tanh_mul, rms_norm, rms_norm_in_place, silu_mul, RopeTables};
 use super::quant::{ActPrecision, QMatrix};
+use super::tp::TpRank;
 use super::ModelError;
-use crate::dist::TpRank;
 use engine_core::{ExecError, ForwardBatch, Logits};
 use model_loader::{ModelConfig, ModelWeights, Weight};
 use std::sync::Arc;
@@ -143,7 +143,7 @@ impl CpuModel {
     }
 
     /// [`Self::forward_lora`] on one tensor-parallel rank (`tp`: this
-    /// model is the rank's shard; see [`crate::dist`]). Rank 0 gets the
+    /// model is the rank's shard; see [`super::tp`]). Rank 0 gets the
     /// whole vocabulary's logits; the other ranks get none (`rows: 0`).
     pub fn forward_with(
         &self,

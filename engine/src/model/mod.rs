@@ -19,6 +19,8 @@
 //!   GQA attention through block tables, optional sliding window), [`par`]
 //!   (the fork-join pool).
 //! - [`batch`]: validation of a `ForwardBatch` (typed errors, no panics).
+//! - [`tp`]: the model split for tensor parallelism (which rank holds which
+//!   heads, FFN columns and vocabulary rows; a rank's weight slices).
 //!
 //! Sliding windows: Gemma 3's on its local layers, Mistral's (when its
 //! config states one) on every layer.
@@ -35,6 +37,7 @@ pub mod lora;
 pub mod ops;
 pub mod par;
 pub mod quant;
+pub mod tp;
 
 #[cfg(test)]
 pub(crate) mod test_util;

@@ -119,7 +119,7 @@ pub trait WeightSource {
     /// `[hidden]`.
     fn final_norm(&mut self) -> Result<Tensor, ModelError>;
     /// The vocabulary rows the embedding and head hold (`None`: all; a
-    /// tensor-parallel shard holds a range, see [`crate::dist`]).
+    /// tensor-parallel shard holds a range, see [`crate::model::tp`]).
     fn vocab_rows(&self) -> Option<std::ops::Range<usize>> {
         None
     }

@@ -1,9 +1,9 @@
-//! Tensor parallelism in one process: ranks on threads ([`super::threads`]),
+//! Tensor parallelism in one process: ranks on threads ([`crate::dist::threads`]),
 //! each building its shard through [`build_tp_executor`] exactly as an
 //! `mpiexec` rank does, rank 0 driven like any executor.
 
-use super::threads;
-use super::Collective;
+use crate::dist::threads;
+use crate::dist::Collective;
 use crate::executor::tp::{build_tp_executor, check_agreement, run_worker};
 use crate::executor::{
     generate_greedy, BlockOps, DeviceKind, ExecError, Executor, ExecutorRequest, ForwardBatch,
@@ -150,9 +150,9 @@ fn ranks_that_disagree_all_fail_with_the_difference() {
             .iter()
             .map(|r| {
                 let flags = if r.rank() == 0 {
-                    "--block-size 16"
+                    "model.gguf, block_size: 16, max_num_seqs: 8"
                 } else {
-                    "--block-size 32"
+                    "model.gguf, block_size: 32, max_num_seqs: 8"
                 };
                 s.spawn(move || check_agreement(r, flags))
             })
@@ -164,7 +164,7 @@ fn ranks_that_disagree_all_fail_with_the_difference() {
     });
     let e1 = results[1].as_ref().expect_err("rank 1 differs").to_string();
     assert!(
-        e1.contains("--block-size 32") && e1.contains("--block-size 16"),
+        e1.ends_with("started with block_size: 32, rank 0 with block_size: 16"),
         "{e1}"
     );
     assert!(results[0].is_err(), "rank 0 fails too");
