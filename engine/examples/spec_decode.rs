@@ -3,8 +3,10 @@
 //! acceptance rate and the mean accepted length, on an input-grounded
 //! workload (rewrite code that is in the prompt) at batch 1, 8 and 32,
 //! and on varied-topic prompts where the output repeats little of the
-//! prompt. Each configuration runs off, on, off, on (the machine is
-//! noisy); every run's tokens are checked equal to the first plain run's.
+//! prompt. Each configuration runs off, on, adaptive, twice (the machine
+//! is noisy); every run's tokens are checked equal to the first plain
+//! run's. "adaptive" is `"adaptive": true` (`engine::spec::governor`):
+//! it needs a few hundred output tokens to probe and settle.
 //!
 //! `cargo run --release -p engine --example spec_decode [-- MODEL_PATH [OUTPUT] [K] [invariant]]`
 //! (defaults: the fetched Qwen2.5-Coder-0.5B Q4_K_M GGUF, weights kept
@@ -160,6 +162,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         num_speculative_tokens: k,
         disable_by_batch_size: None,
+        adaptive: false,
     };
     let grounded = |n: usize| -> Vec<Vec<u32>> {
         (0..n)
@@ -175,8 +178,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         path.display(),
         engine::model::quant::Isa::best()
     );
-    println!("| workload | batch | plain tok/s | ngram tok/s | speedup | acceptance | mean accepted / draft | outputs differing |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| workload | batch | plain tok/s | ngram tok/s | speedup | adaptive tok/s | speedup | acceptance | mean accepted / draft | outputs differing |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let adaptive = SpecConfig {
+        adaptive: true,
+        ..spec.clone()
+    };
     // SPEC_BENCH_BATCHES=1,8 runs a subset (default 1, 8 and 32).
     let batches: Vec<usize> = std::env::var("SPEC_BENCH_BATCHES")
         .ok()
@@ -194,12 +201,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }) {
         let mut plain = Vec::new();
         let mut fast = Vec::new();
+        let mut adapt = Vec::new();
         let mut reference: Option<Vec<Vec<u32>>> = None;
         let mut stats = engine::scheduler::SpecStats::default();
         let mut differ = 0;
         for _ in 0..2 {
-            for on in [false, true] {
-                let r = run(&model, &eos, &prompts, output, on.then(|| spec.clone()))?;
+            for mode in 0..3 {
+                let cfg = [None, Some(spec.clone()), Some(adaptive.clone())][mode].clone();
+                let r = run(&model, &eos, &prompts, output, cfg)?;
                 match &reference {
                     None => reference = Some(r.tokens.clone()),
                     Some(want) => {
@@ -210,24 +219,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         differ = differ.max(d);
                     }
                 }
-                if on {
-                    fast.push(r.tok_s);
-                    stats = r.stats;
-                } else {
-                    plain.push(r.tok_s);
+                match mode {
+                    0 => plain.push(r.tok_s),
+                    1 => {
+                        fast.push(r.tok_s);
+                        stats = r.stats;
+                    }
+                    _ => adapt.push(r.tok_s),
                 }
             }
         }
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-        let (p, f) = (mean(&plain), mean(&fast));
+        let (p, f, a) = (mean(&plain), mean(&fast), mean(&adapt));
         println!(
-            "| {name} | {} | {p:.1} ({:.1}, {:.1}) | {f:.1} ({:.1}, {:.1}) | {:.2}x | {:.1}% | {:.2} | {differ} |",
+            "| {name} | {} | {p:.1} ({:.1}, {:.1}) | {f:.1} ({:.1}, {:.1}) | {:.2}x | {a:.1} ({:.1}, {:.1}) | {:.2}x | {:.1}% | {:.2} | {differ} |",
             prompts.len(),
             plain[0],
             plain[1],
             fast[0],
             fast[1],
             f / p,
+            adapt[0],
+            adapt[1],
+            a / p,
             100.0 * stats.accepted_tokens as f64 / stats.draft_tokens.max(1) as f64,
             stats.accepted_tokens as f64 / stats.drafts.max(1) as f64,
         );

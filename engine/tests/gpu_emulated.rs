@@ -413,6 +413,7 @@ fn speculation_on_the_emulated_gpu_matches_the_cpu() {
         },
         num_speculative_tokens: 3,
         disable_by_batch_size: None,
+        adaptive: false,
     });
     let host_only = Capabilities {
         greedy: false,

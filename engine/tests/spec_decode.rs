@@ -27,6 +27,7 @@ fn ngram(k: usize) -> SpecConfig {
         },
         num_speculative_tokens: k,
         disable_by_batch_size: None,
+        adaptive: false,
     }
 }
 
@@ -147,6 +148,35 @@ fn greedy_outputs_equal_those_without_speculation() {
                 generated,
                 "{name}"
             );
+            assert_pools_full(&eng);
+        }
+    });
+}
+
+/// The adaptive governor switches speculation off and on within these
+/// runs (it measures plain steps first, then speculating ones): outputs
+/// stay those without speculation and every block comes back.
+#[test]
+fn adaptive_switching_keeps_outputs_and_blocks() {
+    common::on_each_executor(|| {
+        if common::async_scheduling() {
+            return;
+        }
+        let ps = repetitive(2, 6);
+        let greedy = |i: usize| params(40 + 5 * i);
+        for (name, setup) in setups() {
+            let (plain, _) = run(&setup, &ps, &greedy, &|_| {});
+            let mut adaptive = with_spec(&setup, 3);
+            if let Some(s) = adaptive.sched.speculative.as_mut() {
+                s.adaptive = true;
+            }
+            let (got, eng) = run(&adaptive, &ps, &greedy, &|_| {});
+            assert_eq!(tokens(&got), tokens(&plain), "{name}");
+            if name == "default" {
+                // Plain steps measured first, then speculation probed.
+                let s = eng.stats().scheduler.spec;
+                assert!(s.drafts > 0, "{name}: {s:?}");
+            }
             assert_pools_full(&eng);
         }
     });
@@ -390,6 +420,7 @@ fn the_target_as_its_own_draft_is_always_accepted() {
         },
         num_speculative_tokens: 3,
         disable_by_batch_size: None,
+        adaptive: false,
     });
     let prepare = |e: &mut LlmEngine| {
         let exec = common::executor(256, 0, setup.block_size);

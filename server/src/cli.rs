@@ -392,7 +392,9 @@ pub struct EngineArgs {
     /// "prompt_lookup_max": 4, "prompt_lookup_min": 2}'`, or a draft model
     /// with the same vocabulary `'{"method": "draft_model", "model":
     /// "PATH", "num_speculative_tokens": 4}'`. Also `disable_by_batch_size`
-    /// (no speculation while that many requests are running or waiting).
+    /// (no speculation while that many requests are running or waiting)
+    /// and, ours, `adaptive` (true: speculate only while it measures
+    /// faster per token than plain decoding).
     /// num_speculative_tokens: 1..=16. Outputs are those without it
     /// (greedy and seeded sampling alike); beam search requests are
     /// refused with 400. An unknown field or a bad value stops startup.

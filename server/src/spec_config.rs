@@ -22,6 +22,7 @@ struct Raw {
     prompt_lookup_max: Option<usize>,
     prompt_lookup_min: Option<usize>,
     disable_by_batch_size: Option<usize>,
+    adaptive: Option<bool>,
 }
 
 /// Parses and checks the flag's JSON (clap puts the flag's name in front
@@ -87,6 +88,7 @@ pub fn parse(s: &str) -> Result<SpecConfig, String> {
         method,
         num_speculative_tokens: k,
         disable_by_batch_size: raw.disable_by_batch_size,
+        adaptive: raw.adaptive.unwrap_or(false),
     };
     cfg.validate().map_err(|e| e.to_string())?;
     Ok(cfg)
@@ -95,6 +97,18 @@ pub fn parse(s: &str) -> Result<SpecConfig, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn adaptive_is_ours_and_off_by_default() {
+        let on = parse(r#"{"method": "ngram", "num_speculative_tokens": 3, "adaptive": true}"#)
+            .expect("parses");
+        assert!(on.adaptive);
+        let off = parse(r#"{"method": "ngram", "num_speculative_tokens": 3}"#).expect("parses");
+        assert!(!off.adaptive);
+        let e = parse(r#"{"method": "ngram", "num_speculative_tokens": 3, "adaptive": 1}"#)
+            .expect_err("not a bool");
+        assert!(e.contains("adaptive"), "{e}");
+    }
 
     #[test]
     fn ngram_with_vllm_defaults() {

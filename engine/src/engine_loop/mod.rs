@@ -54,6 +54,7 @@ use crate::scheduler::{
     validate_request, Ahead, Outputs, RequestId, RequestParams, SampleTarget, Scheduler,
     SchedulerConfig, SchedulerOutput, SchedulerStats, ValidRequest,
 };
+use crate::spec::governor::{Governor, StepSample};
 use crate::spec::{NgramProposer, ProposeInput, Proposer, SpecConfig, SpecMethod};
 pub use draft::DraftProposer;
 pub use lora::LoraNames;
@@ -114,6 +115,11 @@ pub struct LlmEngine {
     kv_events: Option<Box<dyn KvEventSink>>,
     /// Speculative decoding's proposer (`None`: speculation off).
     proposer: Option<Box<dyn Proposer>>,
+    /// Adaptive speculation (`SpecConfig::adaptive`): whether the next
+    /// step speculates, from measured cost per token.
+    governor: Option<Governor>,
+    /// Whether the step being run had sequences that could speculate.
+    could_speculate: bool,
     /// LoRA adapters: the executor's support and the slot table (`lora.rs`).
     lora: lora::EngineLora,
 }
@@ -156,6 +162,12 @@ impl LlmEngine {
             // A draft model is built by the caller: `set_proposer`.
             _ => None,
         };
+        let governor = config
+            .scheduler
+            .speculative
+            .as_ref()
+            .filter(|s| s.adaptive)
+            .map(|_| Governor::new());
         let lora = lora::EngineLora::new(executor.supports_lora());
         let runner = if config.scheduler.async_scheduling {
             Runner::Worker(ExecWorker::spawn(executor)?)
@@ -174,6 +186,8 @@ impl LlmEngine {
             count_slots: count_slots::CountSlots::new(caps.count_slots),
             kv_events: None,
             proposer,
+            governor,
+            could_speculate: false,
             lora,
         })
     }
@@ -194,7 +208,8 @@ impl LlmEngine {
         let candidates = self.scheduler.spec_candidates();
         let live = self.scheduler.live_seq_ids();
         proposer.retain(&|seq| live.contains(&seq));
-        if candidates.is_empty() {
+        self.could_speculate = !candidates.is_empty();
+        if candidates.is_empty() || self.governor.as_ref().is_some_and(|g| !g.speculate()) {
             return;
         }
         let scheduler = &self.scheduler;
@@ -313,6 +328,7 @@ impl LlmEngine {
     /// [`Self::step`] with the executor on this thread.
     fn step_direct(&mut self) -> Vec<RequestOutput> {
         let t0 = Instant::now();
+        self.could_speculate = false;
         self.propose();
         let sched = self.scheduler.schedule(self.kv.as_mut());
         let t1 = Instant::now();
@@ -326,6 +342,7 @@ impl LlmEngine {
         let (result, masks) = self.execute_with_masks(&sched, &sampling);
         let t2 = Instant::now();
         let outcome = self.sample(&sched, result, &masks);
+        let accepted = self.scheduler.stats().spec.accepted_tokens;
         self.scheduler.update_from_output(
             self.kv.as_mut(),
             &sched,
@@ -334,6 +351,17 @@ impl LlmEngine {
             &mut outs,
         );
         self.record_timings(t0, t1, t2);
+        if let Some(g) = self.governor.as_mut() {
+            if self.could_speculate && decode_only(&sched) {
+                let accepted = self.scheduler.stats().spec.accepted_tokens - accepted;
+                g.record(StepSample {
+                    secs: t0.elapsed().as_secs_f64(),
+                    rows: sched.targets.len(),
+                    accepted: accepted as usize,
+                    speculated: !sched.spec.is_empty(),
+                });
+            }
+        }
         outs.into_list()
     }
 
@@ -447,4 +475,12 @@ fn push_refused(sched: &SchedulerOutput, outs: &mut Outputs) {
     for (id, e) in &sched.refused {
         outs.push_failed(*id, e.clone());
     }
+}
+
+/// True when every row of the step is a sampled row or a proposal (no
+/// prompt tokens): the steps the speculation governor compares.
+fn decode_only(sched: &SchedulerOutput) -> bool {
+    let proposals: usize = sched.spec.iter().map(|s| s.proposals.len()).sum();
+    sched.prompt_targets.is_empty()
+        && sched.batch.token_ids.len() == sched.targets.len() + proposals
 }

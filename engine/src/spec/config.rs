@@ -31,6 +31,9 @@ pub struct SpecConfig {
     /// running or waiting (vLLM's `disable_by_batch_size`): at large
     /// batches a step is no longer bound by reading the weights.
     pub disable_by_batch_size: Option<usize>,
+    /// Speculate only while it measures cheaper per emitted token than
+    /// plain decoding (ours, not vLLM's; see [`super::governor`]).
+    pub adaptive: bool,
 }
 
 impl SpecConfig {
@@ -91,6 +94,7 @@ mod tests {
             },
             num_speculative_tokens: k,
             disable_by_batch_size: None,
+            adaptive: false,
         }
     }
 

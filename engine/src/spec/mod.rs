@@ -32,6 +32,7 @@
 //! Cost: n-gram lookup is O(len x n) per sequence and step, on the host.
 
 mod config;
+pub mod governor;
 mod ngram;
 
 pub use config::{SpecConfig, SpecMethod, MAX_SPEC_TOKENS};

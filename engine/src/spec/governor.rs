@@ -1,0 +1,207 @@
+//! Adaptive speculation (`"adaptive": true` in the speculative config):
+//! speculate only while it pays, measured on this machine and workload.
+//!
+//! Speculation pays when a step that verifies proposals costs less than
+//! the tokens it emits would cost in plain steps. Where a step is bound by
+//! reading the weights (a GPU at small batch) a `k + 1` row step costs
+//! about one step; where it is bound by arithmetic (a CPU with few cores:
+//! each activation row costs its own integer work) it costs nearly `k + 1`
+//! steps and speculation loses unless almost everything is accepted. Which
+//! case holds, and how much is accepted, depends on the machine, the model
+//! and the requests, so the governor measures:
+//!
+//! - `c_plain`, `c_spec`: wall time per sampled row of plain and of
+//!   speculating decode steps (moving averages; a step's time depends on
+//!   its rows, not on what the text says, so a few steps suffice);
+//! - `r`: tokens accepted per sampled row in speculating steps (a slower
+//!   average: acceptance varies along a text).
+//!
+//! and speculates while `c_spec < c_plain * (1 + r)` (a speculating step's
+//! cost per emitted token below a plain step's). Whichever mode it is not
+//! in gets a [`WINDOW`]-step probe every [`HOLD`] counted steps, to keep
+//! its average fresh as requests come and go. Before both modes have
+//! been measured it probes plain first, then speculation.
+//!
+//! Counted steps are decode steps (no prompt rows) in which some sequence
+//! could speculate; other steps are ignored. Outputs are exact either way
+//! (verification reproduces plain decoding), so switching changes speed
+//! only.
+//!
+//! Cost: O(1) per step. The mode not chosen runs [`WINDOW`] of every
+//! `WINDOW + HOLD` counted steps (~11%).
+
+/// Counted steps of a probe of the mode not chosen.
+pub const WINDOW: usize = 8;
+/// Counted steps between probes.
+pub const HOLD: usize = 64;
+/// Weight of a step in the cost averages.
+const COST_WEIGHT: f64 = 0.2;
+/// Weight of a step in the acceptance average.
+const ACCEPT_WEIGHT: f64 = 0.05;
+
+/// A moving average that starts at its first sample.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Avg(Option<f64>);
+
+impl Avg {
+    fn add(&mut self, x: f64, w: f64) {
+        self.0 = Some(self.0.map_or(x, |a| a + w * (x - a)));
+    }
+}
+
+/// What one counted step was.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepSample {
+    /// Wall time of the step.
+    pub secs: f64,
+    /// Sampled rows (one per running sequence).
+    pub rows: usize,
+    /// Proposals accepted (0 in a plain step).
+    pub accepted: usize,
+    /// Whether the step verified proposals.
+    pub speculated: bool,
+}
+
+/// The adaptive switch (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Governor {
+    on: bool,
+    /// Counted steps until the next probe (or, probing, until it ends).
+    left: usize,
+    probing: bool,
+    plain: Avg,
+    spec: Avg,
+    accept: Avg,
+}
+
+impl Default for Governor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Governor {
+    /// Starts by measuring plain steps.
+    pub fn new() -> Self {
+        Self {
+            on: false,
+            left: WINDOW,
+            probing: true,
+            plain: Avg::default(),
+            spec: Avg::default(),
+            accept: Avg::default(),
+        }
+    }
+
+    /// Whether the next step speculates.
+    pub fn speculate(&self) -> bool {
+        self.on
+    }
+
+    /// Records a counted step (see the module docs).
+    pub fn record(&mut self, s: StepSample) {
+        if s.rows == 0 {
+            return;
+        }
+        let per_row = s.secs / s.rows as f64;
+        if s.speculated {
+            self.spec.add(per_row, COST_WEIGHT);
+            self.accept
+                .add(s.accepted as f64 / s.rows as f64, ACCEPT_WEIGHT);
+        } else {
+            self.plain.add(per_row, COST_WEIGHT);
+        }
+        self.left = self.left.saturating_sub(1);
+        if self.left > 0 {
+            return;
+        }
+        match (self.plain.0, self.spec.0.zip(self.accept.0)) {
+            (Some(plain), Some((spec, r))) => {
+                let pays = spec < plain * (1.0 + r);
+                tracing::debug!(
+                    plain_ms_per_row = plain * 1e3,
+                    spec_ms_per_row = spec * 1e3,
+                    accepted_per_row = r,
+                    speculate = pays,
+                    "adaptive speculation"
+                );
+                // After a probe, the measured choice holds; after a hold,
+                // the other mode is probed.
+                (self.on, self.probing, self.left) = if self.probing {
+                    (pays, false, HOLD)
+                } else {
+                    (!pays, true, WINDOW)
+                };
+            }
+            // Not measured yet: plain first, then speculation.
+            (Some(_), None) => (self.on, self.probing, self.left) = (true, true, WINDOW),
+            (None, _) => (self.on, self.probing, self.left) = (false, true, WINDOW),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `steps` counted steps at batch 1 where a plain step costs 1 s
+    /// and a speculating one `spec_secs` with `accepted` tokens accepted;
+    /// returns the share of steps that speculated.
+    fn share_on(g: &mut Governor, steps: usize, spec_secs: f64, accepted: usize) -> f64 {
+        let mut on = 0;
+        for _ in 0..steps {
+            let speculated = g.speculate();
+            on += usize::from(speculated);
+            g.record(StepSample {
+                secs: if speculated { spec_secs } else { 1.0 },
+                rows: 1,
+                accepted: if speculated { accepted } else { 0 },
+                speculated,
+            });
+        }
+        on as f64 / steps as f64
+    }
+
+    #[test]
+    fn keeps_the_cheaper_mode_and_probes_the_other_rarely() {
+        // 3 tokens for the time of 1.5 steps: speculation wins.
+        let mut g = Governor::new();
+        let share = share_on(&mut g, 800, 1.5, 2);
+        assert!(share > 0.85, "{share}");
+        // 4 rows cost 3.5 steps for 2 tokens (a CPU): it loses.
+        let mut g = Governor::new();
+        let share = share_on(&mut g, 800, 3.5, 1);
+        assert!(share < 0.15, "{share}");
+        assert!(share > 0.0, "the losing mode is still probed");
+    }
+
+    #[test]
+    fn follows_a_workload_that_changes() {
+        let mut g = Governor::new();
+        share_on(&mut g, 400, 3.5, 1);
+        // Requests whose outputs repeat their prompts arrive.
+        share_on(&mut g, 2 * (WINDOW + HOLD), 1.2, 3);
+        let share = share_on(&mut g, 400, 1.2, 3);
+        assert!(share > 0.85, "{share}");
+        // And leave again.
+        share_on(&mut g, 2 * (WINDOW + HOLD), 3.5, 0);
+        let share = share_on(&mut g, 400, 3.5, 0);
+        assert!(share < 0.15, "{share}");
+    }
+
+    #[test]
+    fn a_noisy_step_does_not_flip_the_choice() {
+        let mut g = Governor::new();
+        share_on(&mut g, 200, 3.5, 1);
+        assert!(!g.speculate());
+        // One plain step twice as slow as usual (the machine is shared).
+        g.record(StepSample {
+            secs: 2.0,
+            rows: 1,
+            accepted: 0,
+            speculated: false,
+        });
+        let share = share_on(&mut g, 200, 3.5, 1);
+        assert!(share < 0.15, "{share}");
+    }
+}
