@@ -342,7 +342,10 @@ impl LlmEngine {
         let (result, masks) = self.execute_with_masks(&sched, &sampling);
         let t2 = Instant::now();
         let outcome = self.sample(&sched, result, &masks);
-        let accepted = self.scheduler.stats().spec.accepted_tokens;
+        let accepted_before = self
+            .governor
+            .is_some()
+            .then(|| self.scheduler.stats().spec.accepted_tokens);
         self.scheduler.update_from_output(
             self.kv.as_mut(),
             &sched,
@@ -351,9 +354,9 @@ impl LlmEngine {
             &mut outs,
         );
         self.record_timings(t0, t1, t2);
-        if let Some(g) = self.governor.as_mut() {
+        if let (Some(g), Some(before)) = (self.governor.as_mut(), accepted_before) {
             if self.could_speculate && decode_only(&sched) {
-                let accepted = self.scheduler.stats().spec.accepted_tokens - accepted;
+                let accepted = self.scheduler.stats().spec.accepted_tokens - before;
                 g.record(StepSample {
                     secs: t0.elapsed().as_secs_f64(),
                     rows: sched.targets.len(),
