@@ -22,37 +22,10 @@ const SHUTDOWN: u8 = 2;
 impl Command {
     /// The command's bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Vec::new();
         match self {
-            Command::Shutdown => w.push(SHUTDOWN),
-            Command::Step { ops, batch } => {
-                w.push(STEP);
-                for copies in [&ops.swap_out, &ops.swap_in, &ops.copies] {
-                    put(&mut w, copies.len());
-                    for c in copies.iter() {
-                        put(&mut w, c.src.0 as usize);
-                        put(&mut w, c.dst.0 as usize);
-                    }
-                }
-                let ids: Vec<usize> = batch.token_ids.iter().map(|&t| t as usize).collect();
-                for v in [
-                    &ids,
-                    &batch.positions,
-                    &batch.slot_mapping,
-                    &batch.logits_rows,
-                ] {
-                    put_all(&mut w, v);
-                }
-                put(&mut w, batch.seqs.len());
-                for s in &batch.seqs {
-                    put(&mut w, s.query_len);
-                    put(&mut w, s.context_len);
-                    let table: Vec<usize> = s.block_table.iter().map(|b| b.0 as usize).collect();
-                    put_all(&mut w, &table);
-                }
-            }
+            Command::Shutdown => vec![SHUTDOWN],
+            Command::Step { ops, batch } => encode_step(ops, batch),
         }
-        w
     }
 
     /// Reads a command written by [`Self::encode`].
@@ -123,6 +96,40 @@ impl Command {
     }
 }
 
+/// The bytes of [`Command::Step`] for `ops` and `batch`, written from
+/// borrows (rank 0 sends every step: no copy of the batch is made).
+pub fn encode_step(ops: &BlockOps, batch: &ForwardBatch) -> Vec<u8> {
+    let words = 4
+        + 2 * (ops.swap_out.len() + ops.swap_in.len() + ops.copies.len())
+        + 4 * batch.token_ids.len()
+        + batch
+            .seqs
+            .iter()
+            .map(|s| 3 + s.block_table.len())
+            .sum::<usize>()
+        + 5;
+    let mut w = Vec::with_capacity(1 + 8 * words);
+    w.push(STEP);
+    for copies in [&ops.swap_out, &ops.swap_in, &ops.copies] {
+        put(&mut w, copies.len());
+        for c in copies.iter() {
+            put(&mut w, c.src.0 as usize);
+            put(&mut w, c.dst.0 as usize);
+        }
+    }
+    put_iter(&mut w, batch.token_ids.iter().map(|&t| t as usize));
+    for v in [&batch.positions, &batch.slot_mapping, &batch.logits_rows] {
+        put_iter(&mut w, v.iter().copied());
+    }
+    put(&mut w, batch.seqs.len());
+    for s in &batch.seqs {
+        put(&mut w, s.query_len);
+        put(&mut w, s.context_len);
+        put_iter(&mut w, s.block_table.iter().map(|b| b.0 as usize));
+    }
+    w
+}
+
 fn bad(what: &str) -> ExecError {
     ExecError::Collective(format!("malformed step command from rank 0: {what}"))
 }
@@ -135,9 +142,10 @@ fn put(w: &mut Vec<u8>, v: usize) {
     w.extend_from_slice(&(v as u64).to_le_bytes());
 }
 
-fn put_all(w: &mut Vec<u8>, v: &[usize]) {
+/// A length, then the values.
+fn put_iter(w: &mut Vec<u8>, v: impl ExactSizeIterator<Item = usize>) {
     put(w, v.len());
-    v.iter().for_each(|&x| put(w, x));
+    v.for_each(|x| put(w, x));
 }
 
 struct Reader<'b> {

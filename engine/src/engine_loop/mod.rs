@@ -118,8 +118,6 @@ pub struct LlmEngine {
     /// Adaptive speculation (`SpecConfig::adaptive`): whether the next
     /// step speculates, from measured cost per token.
     governor: Option<Governor>,
-    /// Whether the step being run had sequences that could speculate.
-    could_speculate: bool,
     /// LoRA adapters: the executor's support and the slot table (`lora.rs`).
     lora: lora::EngineLora,
 }
@@ -187,7 +185,6 @@ impl LlmEngine {
             kv_events: None,
             proposer,
             governor,
-            could_speculate: false,
             lora,
         })
     }
@@ -200,17 +197,20 @@ impl LlmEngine {
     }
 
     /// Asks the proposer for the next step's proposals of every sequence
-    /// that may speculate (`Scheduler::spec_candidates`).
-    fn propose(&mut self) {
+    /// that may speculate (`Scheduler::spec_candidates`); returns whether
+    /// any may (whether or not the governor let them).
+    fn propose(&mut self) -> bool {
         let Some(proposer) = self.proposer.as_mut() else {
-            return;
+            return false;
         };
         let candidates = self.scheduler.spec_candidates();
         let live = self.scheduler.live_seq_ids();
         proposer.retain(&|seq| live.contains(&seq));
-        self.could_speculate = !candidates.is_empty();
-        if candidates.is_empty() || self.governor.as_ref().is_some_and(|g| !g.speculate()) {
-            return;
+        if candidates.is_empty() {
+            return false;
+        }
+        if self.governor.as_ref().is_some_and(|g| !g.speculate()) {
+            return true;
         }
         let scheduler = &self.scheduler;
         let (ids, inputs): (Vec<_>, Vec<_>) = candidates
@@ -230,6 +230,7 @@ impl LlmEngine {
         for (id, p) in ids.into_iter().zip(proposals) {
             self.scheduler.set_proposals(id, p);
         }
+        true
     }
 
     /// Turns on the KV manager's event recording and hands every step's
@@ -328,8 +329,7 @@ impl LlmEngine {
     /// [`Self::step`] with the executor on this thread.
     fn step_direct(&mut self) -> Vec<RequestOutput> {
         let t0 = Instant::now();
-        self.could_speculate = false;
-        self.propose();
+        let could_speculate = self.propose();
         let sched = self.scheduler.schedule(self.kv.as_mut());
         let t1 = Instant::now();
         let mut outs = Outputs::default();
@@ -355,7 +355,7 @@ impl LlmEngine {
         );
         self.record_timings(t0, t1, t2);
         if let (Some(g), Some(before)) = (self.governor.as_mut(), accepted_before) {
-            if self.could_speculate && decode_only(&sched) {
+            if could_speculate && decode_only(&sched) {
                 let accepted = self.scheduler.stats().spec.accepted_tokens - before;
                 g.record(StepSample {
                     secs: t0.elapsed().as_secs_f64(),

@@ -23,7 +23,7 @@ use super::{
     BlockOps, BuildError, BuiltExecutor, Capabilities, ExecError, Executor, ForwardBatch, Sampling,
     StepOutput,
 };
-use crate::dist::wire::Command;
+use crate::dist::wire::{encode_step, Command};
 use crate::dist::Collective;
 use crate::model::tp::{ShardSource, TpPlan, TpRank};
 use crate::model::{CpuModel, CpuSink, Dims};
@@ -36,15 +36,9 @@ pub struct TpDriver {
     comm: Arc<dyn Collective>,
 }
 
-impl TpDriver {
-    fn send(&self, command: &Command) -> Result<(), ExecError> {
-        self.comm.broadcast(&mut command.encode())
-    }
-}
-
 impl Drop for TpDriver {
     fn drop(&mut self) {
-        if let Err(e) = self.send(&Command::Shutdown) {
+        if let Err(e) = self.comm.broadcast(&mut Command::Shutdown.encode()) {
             tracing::warn!(error = %e, "could not tell the tensor-parallel ranks to stop");
         }
     }
@@ -68,10 +62,7 @@ impl Executor for TpDriver {
                 "tensor-parallel ranks return logits; the host draws".into(),
             ));
         }
-        self.send(&Command::Step {
-            ops: ops.clone(),
-            batch: batch.clone(),
-        })?;
+        self.comm.broadcast(&mut encode_step(ops, batch))?;
         self.inner.execute(ops, batch, sampling)
     }
 
