@@ -14,6 +14,11 @@
 //!
 //! Run: `cargo bench -p engine --bench quant [-- FILE.gguf]`
 //!
+//! On an AVX-512 machine an `avx2` variant (the default with the AVX2
+//! kernels) runs beside the others; `-- --variants default,avx2` runs only
+//! the named variants. `PAGED_ENGINE_ISA=avx2` forces a family for the
+//! whole process (e.g. with `--profile`).
+//!
 //! For a profiler: `-- [FILE.gguf] --profile WORK` (WORK: `decode1`,
 //! `decode32`, `prefill` or `prefill2048`) loops the default (two-level) model on that one
 //! workload for about 20 seconds (`--kv-f32` for an f32 KV cache) and prints its rate, e.g. under
@@ -120,8 +125,13 @@ fn model_forward(model: &CpuModel, w: &mut Work) {
 
 /// The value of `--profile WORK`, if given.
 fn profile_arg() -> Option<String> {
+    arg_value("--profile")
+}
+
+/// The argument after `flag`, if given (empty when it is last).
+fn arg_value(flag: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
-    let i = args.iter().position(|a| a == "--profile")?;
+    let i = args.iter().position(|a| a == flag)?;
     Some(args.get(i + 1).cloned().unwrap_or_default())
 }
 
@@ -182,7 +192,7 @@ fn main() {
         .skip(1)
         .scan(false, |after_profile, a| {
             let skip = *after_profile;
-            *after_profile = a == "--profile";
+            *after_profile = a == "--profile" || a == "--variants";
             Some((skip, a))
         })
         .find(|(skip, a)| !skip && !a.starts_with("--"))
@@ -278,13 +288,34 @@ fn main() {
         );
         return;
     }
+    // On an AVX-512 machine the AVX2 kernels run beside the default too.
+    let avx2 =
+        (engine::model::quant::Isa::best() == engine::model::quant::Isa::Avx512Vnni).then(|| {
+            let mut m = quant.clone();
+            m.set_isa(engine::model::quant::Isa::Avx2);
+            m
+        });
     let v = |name, model, kv| Variant { name, model, kv };
-    let variants = [
+    let mut variants = vec![
         v("default", &quant, KvDtype::F16),
         v("kv-f32", &quant, KvDtype::F32),
         v("one-level", &one, KvDtype::F16),
         v("float32", &float, KvDtype::F32),
     ];
+    if let Some(m) = &avx2 {
+        variants.push(v("avx2", m, KvDtype::F16));
+    }
+    // `--variants a,b`: only those (names as printed; `default` first).
+    if let Some(only) = arg_value("--variants") {
+        let only: Vec<&str> = only.split(',').collect();
+        variants.retain(|v| only.contains(&v.name));
+        if variants.is_empty() {
+            println!(
+                "quant bench: --variants names none of default, kv-f32, one-level, float32, avx2"
+            );
+            return;
+        }
+    }
     side_by_side(
         "decode batch 1",
         &variants,

@@ -73,9 +73,16 @@ fn thread_seconds() -> f64 {
     T0.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 
-/// Weight GB/s of `m`-row products on a pool of `threads` (one thread:
-/// per CPU second of that thread; two: per wall second).
-fn rate(w: &QMatrix, act: &QuantizedActs, isa: Isa, threads: usize, min_bytes: usize) -> f64 {
+/// Weight GB/s of `m`-row products under each of `isas` on a pool of
+/// `threads` (one thread: per CPU second of that thread; two: per wall
+/// second), the families alternating round by round; medians.
+fn rates(
+    w: &QMatrix,
+    act: &QuantizedActs,
+    isas: &[Isa],
+    threads: usize,
+    min_bytes: usize,
+) -> Vec<f64> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -83,9 +90,12 @@ fn rate(w: &QMatrix, act: &QuantizedActs, isa: Isa, threads: usize, min_bytes: u
     let mut out = vec![0f32; act.m * w.rows];
     let iters = (min_bytes / w.bytes.len()).max(1);
     pool.install(|| {
-        matmul(act, w, &mut out, w.rows, false, isa);
-        let mut r: Vec<f64> = (0..ROUNDS)
-            .map(|_| {
+        for &isa in isas {
+            matmul(act, w, &mut out, w.rows, false, isa);
+        }
+        let mut r = vec![Vec::new(); isas.len()];
+        for _ in 0..ROUNDS {
+            for (i, &isa) in isas.iter().enumerate() {
                 let (t, c) = (Instant::now(), thread_seconds());
                 for _ in 0..iters {
                     matmul(act, w, &mut out, w.rows, false, isa);
@@ -95,11 +105,15 @@ fn rate(w: &QMatrix, act: &QuantizedActs, isa: Isa, threads: usize, min_bytes: u
                 } else {
                     t.elapsed().as_secs_f64()
                 };
-                (w.bytes.len() * iters) as f64 / secs / 1e9
+                r[i].push((w.bytes.len() * iters) as f64 / secs / 1e9);
+            }
+        }
+        r.into_iter()
+            .map(|mut v| {
+                v.sort_by(f64::total_cmp);
+                v[ROUNDS / 2]
             })
-            .collect();
-        r.sort_by(f64::total_cmp);
-        r[ROUNDS / 2]
+            .collect()
     })
 }
 
@@ -111,10 +125,15 @@ fn main() {
         ActPrecision::Two8
     };
     let l2_only = args.iter().any(|a| a == "--l2");
-    let isa = if args.iter().any(|a| a == "--avx2") {
-        Isa::Avx2
+    // Every vector family this CPU runs, side by side (`--avx2`: only AVX2).
+    let isas: Vec<Isa> = if args.iter().any(|a| a == "--avx2") {
+        vec![Isa::Avx2]
     } else {
-        Isa::best()
+        Isa::available()
+            .into_iter()
+            .filter(|&i| i != Isa::Scalar)
+            .rev()
+            .collect()
     };
     let mut types: Vec<QuantType> = QuantType::ALL
         .into_iter()
@@ -129,7 +148,16 @@ fn main() {
             QuantType::Q6K,
         ];
     }
-    println!("kernels {isa:?}, activations {prec:?}, batch 1; weight GB/s, median of {ROUNDS}");
+    println!(
+        "kernels {isas:?} (alternating), activations {prec:?}, batch 1; weight GB/s, median of {ROUNDS}"
+    );
+    let show = |v: &[f64]| {
+        v.iter()
+            .zip(&isas)
+            .map(|(r, i)| format!("{i:?} {r:6.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     for ty in types {
         // K-quants need k % 256 == 0 (SmolLM2's ffn_down: k = 1536).
         let k = if ty.block_len() == 256 { 1536 } else { 576 };
@@ -138,17 +166,20 @@ fn main() {
             .collect();
         let act = QuantizedActs::with_precision(&x, 1, k, prec);
         let small = matrix(ty, k, 256 << 10);
-        let l2 = rate(&small, &act, isa, 1, 256 << 20);
+        let l2 = rates(&small, &act, &isas, 1, 256 << 20);
         if l2_only {
-            println!("{:<5} k {k:>4}: L2 1 thread {l2:6.1}", ty.name());
+            println!("{:<5} k {k:>4}: L2 1 thread {}", ty.name(), show(&l2));
             continue;
         }
         let big = matrix(ty, k, 96 << 20);
-        let d1 = rate(&big, &act, isa, 1, 256 << 20);
-        let d2 = rate(&big, &act, isa, 2, 256 << 20);
+        let d1 = rates(&big, &act, &isas, 1, 256 << 20);
+        let d2 = rates(&big, &act, &isas, 2, 256 << 20);
         println!(
-            "{:<5} k {k:>4}: L2 1 thread {l2:6.1}   DRAM 1 thread {d1:6.1}   DRAM 2 threads {d2:6.1}",
-            ty.name()
+            "{:<5} k {k:>4}: L2 1 thread {}   DRAM 1 thread {}   DRAM 2 threads {}",
+            ty.name(),
+            show(&l2),
+            show(&d1),
+            show(&d2)
         );
     }
 }

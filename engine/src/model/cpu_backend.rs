@@ -21,7 +21,7 @@ use super::linear::{Linear, LinearWeight};
 use super::lora::kernel::{apply, Prepared, RowGroups};
 use super::lora::LoraCols;
 use super::ops::{embed, gelu_tanh_mul, rms_norm, rms_norm_in_place, silu_mul, RopeTables};
-use super::quant::{ActPrecision, QMatrix};
+use super::quant::{ActPrecision, Isa, QMatrix};
 use super::tp::TpRank;
 use super::ModelError;
 use engine_core::{ExecError, ForwardBatch, Logits};
@@ -113,6 +113,13 @@ impl CpuModel {
         self.matrices_mut()
             .into_iter()
             .for_each(|m| m.invariant = on);
+    }
+
+    /// The quantized kernels' family for every layer (default
+    /// [`Isa::best`]; a family the CPU lacks falls back inside the
+    /// kernels). For side-by-side measurements of two ISAs in one process.
+    pub fn set_isa(&mut self, isa: Isa) {
+        self.matrices_mut().into_iter().for_each(|m| m.isa = isa);
     }
 
     /// Bytes held by the weight matrices (quantized ones at their size).

@@ -68,6 +68,9 @@ pub struct Linear {
     /// kernel, see [`quant::matmul_with`]; f32 parts: [`matmul_wt_rows`] instead of
     /// `gemm`, whose blocking and paths depend on the row count).
     pub invariant: bool,
+    /// The quantized kernels' family ([`Isa::best`] unless set, e.g. to
+    /// measure the AVX2 path on an AVX-512 machine side by side).
+    pub isa: Isa,
 }
 
 impl Linear {
@@ -80,6 +83,7 @@ impl Linear {
             in_features,
             act: ActPrecision::Two8,
             invariant: false,
+            isa: Isa::best(),
         }
     }
 
@@ -104,6 +108,7 @@ impl Linear {
             in_features,
             act: ActPrecision::Two8,
             invariant: false,
+            isa: Isa::best(),
         }
     }
 
@@ -138,6 +143,7 @@ impl Linear {
             in_features: self.in_features,
             act: self.act,
             invariant: self.invariant,
+            isa: self.isa,
         }
     }
 
@@ -149,7 +155,7 @@ impl Linear {
     /// `out[rows, out_features] (+)= x[rows, in_features] W^T + b`.
     /// With `accumulate`, the product is added to `out` (residual fusion).
     pub fn forward(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool) {
-        self.forward_isa(x, rows, out, accumulate, Isa::best());
+        self.forward_isa(x, rows, out, accumulate, self.isa);
     }
 
     /// [`Linear::forward`] with the quantized kernels of `isa`.

@@ -93,11 +93,12 @@ impl QuantizedActs {
         }
     }
 
-    /// The same activations with their whole groups of
-    /// [`super::lanes::LANES`] rows also laid out for the lane kernel
-    /// (built once, shared by every weight part of a product).
-    pub fn with_lanes(mut self) -> Self {
-        self.lanes = super::lanes::LaneActs::new(&self);
+    /// The same activations with their whole groups of `width` rows
+    /// ([`super::lanes::LANES`] or [`super::lanes::MAX_LANES`]) also laid
+    /// out for the lane kernel (built once, shared by every weight part of
+    /// a product).
+    pub fn with_lanes(mut self, width: usize) -> Self {
+        self.lanes = super::lanes::LaneActs::new(&self, width);
         self
     }
 

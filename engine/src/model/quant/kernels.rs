@@ -56,10 +56,39 @@ impl Isa {
         Isa::Scalar
     }
 
-    /// [`Isa::detect`], computed once per process.
+    /// The kernels in use: [`Isa::detect`], or a lesser family named by
+    /// the environment variable [`ISA_ENV`] (`scalar`, `avx2`,
+    /// `avx512vnni`), computed once per process. Naming a family the CPU
+    /// lacks, or an unknown name, keeps the detected one (with a warning).
     pub fn best() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *BEST.get_or_init(Isa::detect)
+        *BEST.get_or_init(|| {
+            let detected = Isa::detect();
+            let Some(name) = std::env::var_os(ISA_ENV) else {
+                return detected;
+            };
+            let name = name.to_string_lossy();
+            match Isa::parse(&name) {
+                Some(isa) if Isa::available().contains(&isa) => isa,
+                _ => {
+                    tracing::warn!(
+                        "{ISA_ENV}={name} is not one of this CPU's kernel families {:?}; using {detected:?}",
+                        Isa::available()
+                    );
+                    detected
+                }
+            }
+        })
+    }
+
+    /// The family named `s` (`scalar`, `avx2`, `avx512vnni`; any case).
+    pub fn parse(s: &str) -> Option<Isa> {
+        match s.to_ascii_lowercase().as_str() {
+            "scalar" => Some(Isa::Scalar),
+            "avx2" => Some(Isa::Avx2),
+            "avx512vnni" | "avx512" => Some(Isa::Avx512Vnni),
+            _ => None,
+        }
     }
 
     /// Every kernel family this CPU can run (for tests and benchmarks).
@@ -74,13 +103,17 @@ impl Isa {
     }
 }
 
+/// Environment variable that forces a lesser kernel family than the CPU's
+/// best ([`Isa::best`]): to measure the AVX2 path on an AVX-512 machine.
+pub const ISA_ENV: &str = "PAGED_ENGINE_ISA";
+
 /// Activation rows per register block.
 pub const MR: usize = 4;
 
 /// True when the CPU runs the 512-bit kernel (AVX-512 F + BW + VNNI),
 /// checked once per process.
 #[cfg(target_arch = "x86_64")]
-fn has_zmm() -> bool {
+pub(super) fn has_zmm() -> bool {
     static ZMM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ZMM.get_or_init(|| {
         std::arch::is_x86_feature_detected!("avx512f")

@@ -21,7 +21,11 @@
 //! 3. [`kernels`]: [`MR`] activation rows x [`NR`] weight rows per register
 //!    block (AVX-512 VNNI `vpdpbusd` on zmm, AVX2 `vpmaddubsw` on 2 rows,
 //!    or portable scalar, chosen once at run time), integer sums per
-//!    16-half scaled and accumulated in f32, offsets folded in at the end.
+//!    16-half scaled and accumulated in f32, offsets folded in at the end;
+//!    or, for whole groups of 16 (AVX-512 VNNI) or 8 (AVX2) activation
+//!    rows, [`lanes`]: the rows across the vector lanes, the tile widened
+//!    to i16, one multiply-add of pairs per lane and the scales applied
+//!    once per 32-block for the whole group ([`lane_width`]).
 //!
 //! Threads: the output columns are split into stripes of whole `NR`
 //! tiles, [`par::TASKS_PER_THREAD`] per thread of [`par`], claimed
@@ -165,18 +169,18 @@ impl QMatrix {
     }
 }
 
-/// True when products with `m` activation rows run the lane kernel
-/// ([`lanes`]) on the whole groups of rows: AVX2 without VNNI (with VNNI
-/// the 512-bit row-major kernel does more per instruction), unless
-/// `invariant` (the lane kernel rounds differently from the direct and
-/// row-major kernels, so with it a row's result would depend on whether
-/// it sits in a whole group of 8).
-pub fn uses_lanes(isa: Isa, m: usize, invariant: bool) -> bool {
-    isa == Isa::Avx2 && m >= lanes::LANES && !invariant
+/// The group width when products with `m` activation rows run the lane
+/// kernel ([`lanes`]) on their whole groups of rows: 16 on AVX-512 VNNI,
+/// 8 on AVX2, when `m` fills at least one group; `None` with `invariant`
+/// (the lane kernel rounds differently from the direct and row-major
+/// kernels, so with it a row's result would depend on whether it sits in
+/// a whole group).
+pub fn lane_width(isa: Isa, m: usize, invariant: bool) -> Option<usize> {
+    lanes::width(isa).filter(|&w| m >= w && !invariant)
 }
 
 /// Quantizes `x[m, k]` for products under `isa`: [`QuantizedActs`], with
-/// the lane layout where [`uses_lanes`].
+/// the lane layout where [`lane_width`] says.
 pub fn quantize_acts(
     x: &[f32],
     m: usize,
@@ -186,16 +190,15 @@ pub fn quantize_acts(
     invariant: bool,
 ) -> QuantizedActs {
     let a = QuantizedActs::with_precision(x, m, k, p);
-    if uses_lanes(isa, m, invariant) {
-        a.with_lanes()
-    } else {
-        a
+    match lane_width(isa, m, invariant) {
+        Some(w) => a.with_lanes(w),
+        None => a,
     }
 }
 
 /// `out[r * ldo + c] (+)= sum_i act[r, i] * w[c, i]` for `r < act.m`,
 /// `c < w.rows`, using `isa`'s kernels (the lane layout is built here when
-/// [`uses_lanes`] and `act` lacks it; [`quantize_acts`] builds it once).
+/// [`lane_width`] says and `act` lacks it; [`quantize_acts`] builds it once).
 ///
 /// Panics if `act.k != w.cols`, `ldo < w.rows` or `out` is too short
 /// (callers size them from the model's shapes).
@@ -215,7 +218,7 @@ pub fn matmul(
 /// operations in the same order per row (integer sums are exact; the
 /// offsets follow `tile::OffsetForm` instead of being folded into the
 /// accumulators, [`tile::Tile::exact`]) and the lane kernel is not used
-/// ([`uses_lanes`]). Without it only [`Isa::Scalar`] is invariant.
+/// ([`lane_width`]). Without it only [`Isa::Scalar`] is invariant.
 pub fn matmul_with(
     act: &QuantizedActs,
     w: &QMatrix,
@@ -241,11 +244,14 @@ pub fn matmul_with(
     let dst = SendPtr(out.as_mut_ptr());
     let direct = m <= GEMV_MAX_M && gemv::supported(isa, w.ty);
     let built;
-    let lane_acts = match (&act.lanes, !direct && uses_lanes(isa, m, invariant)) {
-        (_, false) => None,
-        (Some(l), true) => Some(l),
-        (None, true) => {
-            built = lanes::LaneActs::new(act);
+    let lane_acts = match (
+        &act.lanes,
+        lane_width(isa, m, invariant).filter(|_| !direct),
+    ) {
+        (_, None) => None,
+        (Some(l), Some(w)) if l.width == w => Some(l),
+        (_, Some(w)) => {
+            built = lanes::LaneActs::new(act, w);
             built.as_ref()
         }
     };
@@ -288,8 +294,9 @@ pub fn matmul_with(
         let mut tile = Tile::new(w.ty, k);
         tile.exact = invariant;
         let mut res = [[0f32; NR]; MR];
-        let mut res_lanes = [[[0f32; NR]; lanes::LANES]; 2];
-        let align = if lane_rows > 0 { lanes::LANES } else { MR };
+        let mut res_lanes = [[[0f32; NR]; lanes::MAX_LANES]; 2];
+        let width = lane_acts.map_or(MR, |l| l.width);
+        let align = if lane_rows > 0 { width } else { MR };
         let panel = panel_rows(m, k, !act.lo.is_empty(), align);
         for p0 in (0..m).step_by(panel) {
             let p1 = (p0 + panel).min(m);
@@ -306,13 +313,13 @@ pub fn matmul_with(
                     }
                 }
                 if let Some(la) = lane_acts.filter(|_| lane_end > p0) {
-                    let (g_end, mut g) = (lane_end / lanes::LANES, p0 / lanes::LANES);
+                    let (g_end, mut g) = (lane_end / width, p0 / width);
                     while g < g_end {
                         let n = (g_end - g).min(res_lanes.len());
                         lanes::dot_groups(&tile, la, g, &mut res_lanes[..n]);
                         for (i, group) in res_lanes[..n].iter().enumerate() {
-                            for (l, vals) in group.iter().enumerate() {
-                                put((g + i) * lanes::LANES + l, j, &vals[..nr]);
+                            for (l, vals) in group[..width].iter().enumerate() {
+                                put((g + i) * width + l, j, &vals[..nr]);
                             }
                         }
                         g += n;

@@ -35,8 +35,14 @@ fn reference(act: &QuantizedActs, w: &QMatrix) -> Vec<f64> {
     out
 }
 
-#[test]
-fn every_type_and_kernel_matches_f64_on_odd_shapes() {
+/// Every type through `isa`'s kernels (direct, row-major tiles and lane
+/// groups, by the row counts) against the f64 product, on odd shapes.
+fn every_type_matches_f64_on_odd_shapes(isa: Isa) {
+    assert!(
+        Isa::available().contains(&isa),
+        "{isa:?}: this CPU's families are {:?}",
+        Isa::available()
+    );
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     for ty in QuantType::ALL {
         let kb = ty.block_len();
@@ -47,27 +53,53 @@ fn every_type_and_kernel_matches_f64_on_odd_shapes() {
             (8, 5, kb),
             (19, 6, 2 * kb),
             (32, 9, kb),
+            (37, 5, 2 * kb),
         ] {
             let w = qmatrix(ty, n, k, &mut rng);
             let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
             for p in [ActPrecision::One8, ActPrecision::Two8] {
                 let act = QuantizedActs::with_precision(&x, m, k, p);
                 let want = reference(&act, &w);
-                for isa in Isa::available() {
-                    let mut out = vec![f32::NAN; m * n];
-                    matmul(&act, &w, &mut out, n, false, isa);
-                    for (i, (g, e)) in out.iter().zip(&want).enumerate() {
-                        let tol = 1e-4 * (1.0 + e.abs()) * (k as f64).sqrt();
-                        assert!(
-                            (f64::from(*g) - e).abs() <= tol,
-                            "{} {isa:?} {p:?} {m}x{n}x{k} [{i}]: {g} vs {e}",
-                            ty.name()
-                        );
-                    }
+                let mut out = vec![f32::NAN; m * n];
+                matmul(&act, &w, &mut out, n, false, isa);
+                for (i, (g, e)) in out.iter().zip(&want).enumerate() {
+                    let tol = 1e-4 * (1.0 + e.abs()) * (k as f64).sqrt();
+                    assert!(
+                        (f64::from(*g) - e).abs() <= tol,
+                        "{} {isa:?} {p:?} {m}x{n}x{k} [{i}]: {g} vs {e}",
+                        ty.name()
+                    );
                 }
             }
         }
     }
+}
+
+// One test per kernel family, so the test output says which ran: a family
+// the build machine's CPU lacks shows as ignored, with the reason
+// (`engine/build.rs`).
+
+#[test]
+fn scalar_kernels_match_f64_for_every_type() {
+    every_type_matches_f64_on_odd_shapes(Isa::Scalar);
+}
+
+#[test]
+#[cfg_attr(
+    not(host_avx2),
+    ignore = "this CPU lacks AVX2 + FMA: the AVX2 kernels did not run"
+)]
+fn avx2_kernels_match_f64_for_every_type() {
+    every_type_matches_f64_on_odd_shapes(Isa::Avx2);
+}
+
+#[test]
+#[cfg_attr(
+    not(host_avx512_vnni),
+    ignore = "this CPU lacks AVX-512 F/BW/VL/VNNI: the 512-bit kernels did not run"
+)]
+fn avx512_kernels_match_f64_for_every_type() {
+    every_type_matches_f64_on_odd_shapes(Isa::Avx512Vnni);
 }
 
 #[test]
@@ -308,7 +340,7 @@ fn long_prompts_split_into_panels_with_the_same_results() {
     // tiles.
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let (m, n, k) = (600, 6, 2048);
-    for align in [MR, super::lanes::LANES] {
+    for align in [MR, super::lanes::LANES, super::lanes::MAX_LANES] {
         let panel = panel_rows(m, k, true, align);
         assert!(
             panel < m && panel.is_multiple_of(align),
@@ -332,34 +364,59 @@ fn long_prompts_split_into_panels_with_the_same_results() {
     }
 }
 
-/// The AVX2 lane kernel gives the bits of its portable form, for every type,
-/// both activation precisions and both scale granularities.
+/// The lane kernels (AVX2's groups of 8, AVX-512's groups of 16) give
+/// the bits of their portable form, for every type, both activation
+/// precisions and both scale granularities; and a row's result is the same
+/// bits at either width (so on either instruction set).
 #[test]
 #[allow(clippy::needless_range_loop)] // g indexes the pair and names the group
-fn lane_kernel_matches_its_portable_form_bit_for_bit() {
-    use super::lanes::{dot_groups, scalar_group, LANES};
+fn lane_kernels_match_their_portable_form_bit_for_bit() {
+    use super::lanes::{dot_groups, scalar_group, GroupRes, LANES, MAX_LANES};
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for ty in QuantType::ALL {
         let k = 2 * ty.block_len().max(64);
         let w = qmatrix(ty, NR, k, &mut rng);
-        let m = 2 * LANES + 3;
+        let m = 2 * MAX_LANES + 3;
         let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-3.0..3.0)).collect();
         for p in [ActPrecision::One8, ActPrecision::Two8] {
-            let act = QuantizedActs::with_precision(&x, m, k, p).with_lanes();
-            let la = act.lanes.as_ref().expect("two whole groups");
-            assert_eq!((la.groups, la.rows()), (2, 2 * LANES));
             let mut tile = Tile::new(ty, k);
             tile.decode(&w, 0, NR);
             tile.widen();
-            let mut pair = [[[0f32; NR]; LANES]; 2];
-            dot_groups(&tile, la, 0, &mut pair);
-            for g in 0..la.groups {
-                let (mut one, mut slow) = ([[[0f32; NR]; LANES]; 1], [[1f32; NR]; LANES]);
-                dot_groups(&tile, la, g, &mut one);
-                scalar_group(&tile, la, g, &mut slow);
-                assert_eq!(one[0], slow, "{} {p:?} group {g}", ty.name());
-                assert_eq!(pair[g], slow, "{} {p:?} group {g} of a pair", ty.name());
+            // Every row's result per width, to compare the widths.
+            let mut by_width: Vec<Vec<[f32; NR]>> = Vec::new();
+            for width in [LANES, MAX_LANES] {
+                let act = QuantizedActs::with_precision(&x, m, k, p).with_lanes(width);
+                let la = act.lanes.as_ref().expect("whole groups");
+                assert_eq!((la.groups, la.rows()), (m / width, m / width * width));
+                let mut rows = Vec::new();
+                for g0 in (0..la.groups).step_by(2) {
+                    let n = (la.groups - g0).min(2);
+                    let mut pair = [[[0f32; NR]; MAX_LANES]; 2];
+                    dot_groups(&tile, la, g0, &mut pair[..n]);
+                    for g in g0..g0 + n {
+                        let mut one: [GroupRes; 1] = [[[0f32; NR]; MAX_LANES]];
+                        let mut slow = vec![[1f32; NR]; width];
+                        dot_groups(&tile, la, g, &mut one);
+                        scalar_group(&tile, la, g, &mut slow);
+                        let name = ty.name();
+                        assert_eq!(one[0][..width], slow[..], "{name} {p:?} w{width} group {g}");
+                        assert_eq!(
+                            pair[g - g0][..width],
+                            slow[..],
+                            "{name} {p:?} w{width} group {g} of a pair"
+                        );
+                        rows.extend_from_slice(&slow);
+                    }
+                }
+                by_width.push(rows);
             }
+            let common = by_width[1].len();
+            assert_eq!(
+                by_width[0][..common],
+                by_width[1][..],
+                "{} {p:?}: a row's lane result depends on the group width",
+                ty.name()
+            );
         }
     }
 }
@@ -381,10 +438,7 @@ fn wide_decode_equals_decode_then_widen() {
             wide.widen();
             if !wide.decode_wide(&w, 0, nr) {
                 assert!(
-                    matches!(
-                        ty,
-                        QuantType::Q2K | QuantType::Q3K | QuantType::Q5K | QuantType::Q8K
-                    ),
+                    matches!(ty, QuantType::Q2K | QuantType::Q3K | QuantType::Q8K),
                     "{} has a wide decoder",
                     ty.name()
                 );

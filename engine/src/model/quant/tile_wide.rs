@@ -2,7 +2,7 @@
 //! levels as i16, the scales `a8[8 c]` of each 32-block `c` (and
 //! `a8[8 c + 4]` of its second 16-half for `Q6_K`), and for the types with
 //! a minimum the per-16 offsets `bb`) for the common file types: `Q4_0`,
-//! `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`, `Q4_K`, `Q6_K` (a Q4_K_M file is made of
+//! `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`, `Q4_K`, `Q5_K`, `Q6_K` (a Q4_K_M file is made of
 //! `Q5_0` for matrices whose width is not a multiple of 256, `Q4_K` /
 //! `Q6_K` for the rest and `Q8_0` for the output head).
 //!
@@ -38,6 +38,7 @@ fn layout(ty: QuantType) -> Option<(usize, usize)> {
         QuantType::Q5_1 => (24, 32),
         QuantType::Q8_0 => (34, 32),
         QuantType::Q4K => (144, 256),
+        QuantType::Q5K => (176, 256),
         QuantType::Q6K => (210, 256),
         _ => return None,
     })
@@ -90,7 +91,8 @@ pub fn decode_row(
                 a8[0] = f16_at(blk, 0);
                 bytes_i8(&blk[2..34], arr32(w));
             }
-            QuantType::Q4K => q4k(blk, w, a8, bb),
+            QuantType::Q4K => q4k::<false>(blk, &blk[16..144], w, a8, bb),
+            QuantType::Q5K => q4k::<true>(blk, &blk[48..176], w, a8, bb),
             _ => q6k(blk, w, a8),
         }
     }
@@ -110,11 +112,13 @@ fn arr32(w: &mut [i16]) -> &mut [i16; 32] {
     }
 }
 
-/// `Q4_K`: eight 32-blocks, each one scale and one minimum (6-bit each,
-/// times the super-block's `d` and `dmin`), levels 0..=15 in 64-value
-/// chunks (low nibbles, then high).
+/// `Q4_K` and (`Q5`) `Q5_K`: eight 32-blocks, each one scale and one
+/// minimum (6-bit each, times the super-block's `d` and `dmin`), levels
+/// 0..=15 in 64-value chunks of `qs` (low nibbles, then high); `Q5_K`
+/// adds bit `j` of `qh[l]` (bytes 16..48) as bit 4 of value `l` of
+/// 32-block `j`.
 #[inline(always)]
-fn q4k(blk: &[u8], w: &mut [i16], a8: &mut [f32], bb: &mut [f32]) {
+fn q4k<const Q5: bool>(blk: &[u8], qs: &[u8], w: &mut [i16], a8: &mut [f32], bb: &mut [f32]) {
     let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
     for j in 0..8 {
         let (sc, m) = scale_min_k4(&blk[4..16], j);
@@ -123,8 +127,12 @@ fn q4k(blk: &[u8], w: &mut [i16], a8: &mut [f32], bb: &mut [f32]) {
         bb[2 * j] = fold(av, bv, 0.0);
         bb[2 * j + 1] = fold(av, bv, 0.0);
     }
+    let qh: &[u8; 32] = match blk[16..48].try_into() {
+        Ok(q) => q,
+        Err(_) => unreachable!("32 bytes"),
+    };
     for c in 0..4 {
-        let qs: &[u8; 32] = match blk[16 + c * 32..16 + c * 32 + 32].try_into() {
+        let qs: &[u8; 32] = match qs[c * 32..c * 32 + 32].try_into() {
             Ok(q) => q,
             Err(_) => unreachable!("32 bytes"),
         };
@@ -132,6 +140,10 @@ fn q4k(blk: &[u8], w: &mut [i16], a8: &mut [f32], bb: &mut [f32]) {
         for l in 0..32 {
             out[l] = i16::from(qs[l] & 0x0f);
             out[32 + l] = i16::from(qs[l] >> 4);
+            if Q5 {
+                out[l] |= i16::from((qh[l] >> (2 * c)) & 1) << 4;
+                out[32 + l] |= i16::from((qh[l] >> (2 * c + 1)) & 1) << 4;
+            }
         }
     }
 }

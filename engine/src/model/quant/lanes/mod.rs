@@ -1,0 +1,237 @@
+//! The batched kernels with activation rows across the vector lanes.
+//!
+//! Why: the row-major kernels of [`super::kernels`] spend, per 32-block
+//! and (weight row, activation row) pair, the integer products plus a
+//! shift, a convert, a multiply and an FMA to scale and combine them (AVX2
+//! without VNNI: about 9 vector operations for 32 multiply-adds, half of it
+//! float work; AVX-512 VNNI: 2 `vpdpbusd` and 4 float or shift operations
+//! per 64). Here a group of activation rows sits in the i32 lanes of one
+//! register, each lane holding two 16-bit values (the two-level integer
+//! `256 q + lo` fits in i16: |.| <= 32639), and one weight row's pair of
+//! 16-bit levels is broadcast to every lane, so the integer work is one
+//! multiply-add of pairs per lane and the scales are applied once per
+//! 32-block (once per 16-half for the types whose scales change every 16
+//! values) for the whole group at once:
+//! - AVX2 ([`avx2`], groups of 8 rows in ymm): `vpmaddwd` + `vpaddd` per 16
+//!   multiply-adds (about 2.3 operations with the float work, against 4.5).
+//! - AVX-512 VNNI ([`zmm`], groups of 16 rows in zmm): one `vpdpwssd` per
+//!   32 multiply-adds, the weight pair broadcast from memory into it; the
+//!   float work is one operation per 170 multiply-adds.
+//!
+//! Layout ([`LaneActs`], built once per product from [`QuantizedActs`],
+//! for one group width `w`): rows in groups of `w`; per group and column
+//! pair `p`, `w` x 2 i16 (`[row][2]`); per group and 32-block the rows'
+//! scales; per group and 16-group the rows' scaled sums (for the weights'
+//! offsets). Rows past the last whole group stay with the row-major
+//! kernels.
+//!
+//! Weights: the decoded [`Tile`] widened to i16 ([`Tile::widen`]), the
+//! level offset taken out there for every type without a minimum (the
+//! signed types' 128, `Q4_0`'s 8, `Q5_0`'s 16, ...), so their products need
+//! no offset term at all; the types with a minimum keep it in `bb` (one
+//! FMA per row, group and 16 values).
+//!
+//! Every lane does the same integer sums and the same float operations in
+//! the same order ([`scalar_group`] is the reference), so a row's result
+//! is the same bits at either width and on either instruction set.
+//!
+//! Invariants: `k` is a multiple of 32; lane sums stay below 2^31 (32
+//! products of at most 128 x 32639 each per 32-block: 1.4e8); they are
+//! converted to f32 once per block (relative rounding 2^-24, far below the
+//! activations' 2^-16).
+//! Cost: O(NR k) per tile and group; building the lanes is O(m k).
+
+use super::act::{QuantizedActs, QA};
+use super::kernels::Isa;
+use super::tile::Tile;
+use super::NR;
+use model_loader::QuantType;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod zmm;
+
+/// Activation rows per lane group of the AVX2 kernel (the i32 lanes of a
+/// ymm register).
+pub const LANES: usize = 8;
+
+/// Activation rows per lane group of the AVX-512 kernel (a zmm register),
+/// the widest group.
+pub const MAX_LANES: usize = 16;
+
+/// Results of one group: `[lane][tile row]` (the first `width` lanes used).
+pub type GroupRes = [[f32; NR]; MAX_LANES];
+
+/// The group width of `isa`'s lane kernel, if it has one: 16 on AVX-512
+/// VNNI (falling back to the portable form where the CPU lacks it), 8 on
+/// AVX2.
+pub fn width(isa: Isa) -> Option<usize> {
+    match isa {
+        Isa::Avx512Vnni => Some(MAX_LANES),
+        Isa::Avx2 => Some(LANES),
+        Isa::Scalar => None,
+    }
+}
+
+/// Whole groups of `width` rows of quantized activations in lane order.
+#[derive(Debug, Clone)]
+pub struct LaneActs {
+    pub groups: usize,
+    pub k: usize,
+    /// Rows per group ([`LANES`] or [`MAX_LANES`]).
+    pub width: usize,
+    /// `[groups, k / 2, width, 2]` combined levels.
+    pub x: Vec<i16>,
+    /// `[groups, k / 32, width]` scales of the combined levels.
+    pub d: Vec<f32>,
+    /// `[groups, k / 16, width]` scaled sums of 16 values.
+    pub s: Vec<f32>,
+}
+
+impl LaneActs {
+    /// The first `m / width` whole groups of `act`'s rows, or `None` when
+    /// there is no whole group. Panics unless `width` is [`LANES`] or
+    /// [`MAX_LANES`].
+    pub fn new(act: &QuantizedActs, width: usize) -> Option<Self> {
+        assert!(
+            width == LANES || width == MAX_LANES,
+            "lane groups of {width}"
+        );
+        let (k, groups) = (act.k, act.m / width);
+        if groups == 0 {
+            return None;
+        }
+        let (pairs, blocks, sixteens) = (k / 2, k / QA, k / 16);
+        let mut x = vec![0i16; groups * k * width];
+        let mut d = vec![0f32; groups * blocks * width];
+        let mut s = vec![0f32; groups * sixteens * width];
+        for g in 0..groups {
+            let xg = &mut x[g * pairs * 2 * width..(g + 1) * pairs * 2 * width];
+            for l in 0..width {
+                let row = act.row(g * width + l);
+                match row.lo {
+                    Some(lo) => {
+                        for (p, (q2, l2)) in
+                            row.q.chunks_exact(2).zip(lo.chunks_exact(2)).enumerate()
+                        {
+                            let at = (p * width + l) * 2;
+                            xg[at] = 256 * i16::from(q2[0]) + i16::from(l2[0]);
+                            xg[at + 1] = 256 * i16::from(q2[1]) + i16::from(l2[1]);
+                        }
+                    }
+                    None => {
+                        for (p, q2) in row.q.chunks_exact(2).enumerate() {
+                            let at = (p * width + l) * 2;
+                            xg[at] = i16::from(q2[0]);
+                            xg[at + 1] = i16::from(q2[1]);
+                        }
+                    }
+                }
+                for (c, &v) in row.d.iter().enumerate() {
+                    d[(g * blocks + c) * width + l] = v;
+                }
+                for (h, &v) in row.sums.iter().enumerate() {
+                    s[(g * sixteens + h) * width + l] = v;
+                }
+            }
+        }
+        Some(Self {
+            groups,
+            k,
+            width,
+            x,
+            d,
+            s,
+        })
+    }
+
+    /// Rows covered (whole groups).
+    pub fn rows(&self) -> usize {
+        self.groups * self.width
+    }
+}
+
+/// True when `ty`'s two 16-halves of a 32-block may have different scales
+/// (the others repeat one scale per 32 values, so the kernel applies it
+/// once per block).
+pub fn half_scales(ty: QuantType) -> bool {
+    matches!(ty, QuantType::Q2K | QuantType::Q3K | QuantType::Q6K)
+}
+
+/// `res[i][l][t] = dot(tile row t, activation row (g0 + i) * width + l)`
+/// for the `res.len()` (1 or 2) groups from `g0` and the `la.width` lanes
+/// of each: AVX2 for groups of 8, AVX-512 VNNI for groups of 16 (two
+/// groups share each weight broadcast), the portable form where the CPU
+/// lacks them.
+///
+/// Panics if the tile has no widened levels or disagrees with `la` on
+/// `k`, `res` holds not 1 or 2 groups, or they run past `la`'s.
+pub fn dot_groups(tile: &Tile, la: &LaneActs, g0: usize, res: &mut [GroupRes]) {
+    let n = res.len();
+    assert!(
+        tile.k == la.k
+            && (1..=2).contains(&n)
+            && g0 + n <= la.groups
+            && tile.w16.len() >= NR * tile.kp,
+        "dot_groups: shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if la.width == MAX_LANES && super::kernels::has_zmm() {
+        // SAFETY: the CPU has AVX-512 F/BW/VNNI, AVX2 and FMA (`has_zmm`);
+        // the shapes are asserted above and the groups are 16 wide.
+        unsafe { zmm::dispatch(tile, la, g0, res) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if la.width == LANES
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above); the
+        // shapes are asserted above and the groups are 8 wide.
+        unsafe { avx2::dispatch(tile, la, g0, res) };
+        return;
+    }
+    for (i, r) in res.iter_mut().enumerate() {
+        scalar_group(tile, la, g0 + i, &mut r[..la.width]);
+    }
+}
+
+/// The portable form of [`dot_groups`] for one group (`res`: its
+/// `la.width` lanes): the same integer sums and the same fused float
+/// operations in the same order per lane, so the same bits.
+#[allow(clippy::needless_range_loop)] // columns index levels and activations alike
+pub fn scalar_group(tile: &Tile, la: &LaneActs, g: usize, res: &mut [[f32; NR]]) {
+    let (k, kp, width) = (tile.k, tile.kp, la.width);
+    assert_eq!(res.len(), width, "scalar_group: one result per lane");
+    let (pairs, blocks, sixteens) = (k / 2, k / QA, k / 16);
+    let half = half_scales(tile.ty());
+    let gp = kp / 16;
+    for (l, out) in res.iter_mut().enumerate() {
+        for (t, o) in out.iter_mut().enumerate() {
+            let w = &tile.w16[t * kp..t * kp + k];
+            let mut f = 0f32;
+            for c in 0..blocks {
+                let d = la.d[(g * blocks + c) * width + l];
+                let subs = if half { 2 } else { 1 };
+                for h in 0..subs {
+                    let span = QA / subs;
+                    let mut acc = 0i32;
+                    for i in c * QA + h * span..c * QA + (h + 1) * span {
+                        let x = la.x[((g * pairs + i / 2) * width + l) * 2 + i % 2];
+                        acc += i32::from(w[i]) * i32::from(x);
+                    }
+                    let a = tile.a8[t * kp / 4 + c * 8 + h * 4];
+                    f = (acc as f32).mul_add(d * a, f);
+                }
+                if tile.w16_offset {
+                    for h in 2 * c..2 * c + 2 {
+                        f = tile.bb[t * gp + h].mul_add(la.s[(g * sixteens + h) * width + l], f);
+                    }
+                }
+            }
+            *o = f;
+        }
+    }
+}
