@@ -117,6 +117,34 @@ fn rates(
     })
 }
 
+/// GB/s of summing a 96 MiB array (beyond the L3) split over `threads`:
+/// the bandwidth a decode step's weight stream can have at best. Median of
+/// [`ROUNDS`].
+fn read_bandwidth(threads: usize) -> f64 {
+    use rayon::prelude::*;
+    let words: usize = (96 << 20) / 8;
+    let data: Vec<u64> = (0..words as u64).collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("pool");
+    let chunk = words.div_ceil(threads);
+    let mut r: Vec<f64> = (0..ROUNDS)
+        .map(|_| {
+            let t = Instant::now();
+            let sum: u64 = pool.install(|| {
+                data.par_chunks(chunk)
+                    .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+                    .reduce(|| 0, u64::wrapping_add)
+            });
+            std::hint::black_box(sum);
+            (words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9
+        })
+        .collect();
+    r.sort_by(f64::total_cmp);
+    r[ROUNDS / 2]
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let prec = if args.iter().any(|a| a == "--one8") {
@@ -158,6 +186,12 @@ fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     };
+    if !l2_only {
+        let (one, two) = (read_bandwidth(1), read_bandwidth(2));
+        println!(
+            "plain read of 96 MiB (the floor's bandwidth): 1 thread {one:.1} GB/s, 2 threads {two:.1} GB/s"
+        );
+    }
     for ty in types {
         // K-quants need k % 256 == 0 (SmolLM2's ffn_down: k = 1536).
         let k = if ty.block_len() == 256 { 1536 } else { 576 };
