@@ -36,8 +36,8 @@ use super::{QMatrix, NR};
 
 /// True when [`dot_rows`] has a kernel for `ty` on `isa`.
 pub fn supported(isa: Isa, ty: QuantType) -> bool {
-    isa != Isa::Scalar
-        && Isa::best() != Isa::Scalar
+    matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+        && matches!(Isa::best(), Isa::Avx2 | Isa::Avx512Vnni)
         && matches!(
             ty,
             QuantType::Q4_0

@@ -18,7 +18,11 @@
 //!   registers); unsigned levels <= 63 never saturate the i16 pairs; signed
 //!   levels flip back (`u ^ 0x80`) and use `vpsignb`.
 //! - [`Isa::Scalar`]: portable i32 loops, the reference the others are
-//!   tested against. ARM NEON `sdot` is not written yet: aarch64 runs this.
+//!   tested against.
+//! - [`Isa::Neon`] (aarch64): the portable arithmetic with the integer sums
+//!   in NEON (`smull` + `sadalp`), the same bits as the portable kernel;
+//!   `sdot` waits for a stable intrinsic, and there is no direct (few-row)
+//!   or lane kernel on aarch64 yet: every product runs tiles.
 //!
 //! Invariants: `tile.k == act.k`; the tile's padding (`k..kp`) is zero.
 //! Cost: O(MR NR k) per block; no allocation.
@@ -33,6 +37,9 @@ pub enum Isa {
     Scalar,
     Avx2,
     Avx512Vnni,
+    /// aarch64 NEON (every aarch64 CPU): the row-major block with the
+    /// integer sums in NEON (`kernels::neon`), the portable float operations.
+    Neon,
 }
 
 impl Isa {
@@ -52,6 +59,10 @@ impl Isa {
             {
                 return Isa::Avx2;
             }
+        }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Isa::Neon;
         }
         Isa::Scalar
     }
@@ -87,6 +98,7 @@ impl Isa {
             "scalar" => Some(Isa::Scalar),
             "avx2" => Some(Isa::Avx2),
             "avx512vnni" | "avx512" => Some(Isa::Avx512Vnni),
+            "neon" => Some(Isa::Neon),
             _ => None,
         }
     }
@@ -97,6 +109,7 @@ impl Isa {
         match Isa::detect() {
             Isa::Avx512Vnni => v.extend([Isa::Avx2, Isa::Avx512Vnni]),
             Isa::Avx2 => v.push(Isa::Avx2),
+            Isa::Neon => v.push(Isa::Neon),
             Isa::Scalar => {}
         }
         v
@@ -159,6 +172,16 @@ pub fn dot_block(
             return;
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon && Isa::best() == Isa::Neon {
+        for (r, out) in res.iter_mut().enumerate().take(mr) {
+            // SAFETY: the CPU has NEON (`Isa::best`); the row exists
+            // (asserted above) and its levels hold `k` values, as the
+            // tile's rows (`tile.k == act.k`).
+            unsafe { neon::dot_row(tile, act.row(r0 + r), out) };
+        }
+        return;
+    }
     let _ = isa;
     for (r, out) in res.iter_mut().enumerate().take(mr) {
         dot_scalar(tile, act.row(r0 + r), out);
@@ -196,6 +219,76 @@ fn dot_scalar(tile: &Tile, row: super::act::ActRow<'_>, res: &mut [f32; NR]) {
         *out = acc;
     }
 }
+/// The NEON block (aarch64): [`dot_scalar`]'s arithmetic with the 16-value
+/// integer sums in vectors. Per 16-half and tile row: the levels as i8
+/// (`u`, or `u ^ 0x80` = the true level for the signed types), two
+/// `smull` (low and high 8) and one `saddlp` + `sadalp` pair into four i32
+/// lanes per activation level, the residual level's lanes added to the
+/// first's shifted by 8, one `addv`; then exactly the portable float
+/// operations in the same order, so the same bits as [`Isa::Scalar`]
+/// (whatever the batch: each row is computed alone).
+///
+/// Stable Rust has no `sdot` intrinsic (`vdotq_s32` is behind
+/// `stdarch_neon_dotprod`), so this uses the NEON every aarch64 CPU has.
+///
+/// Invariants: the i8 products fit i16 (|w| <= 128, |x| <= 127); the lane
+/// sums stay far below 2^31. Cost: O(NR k) per row, no allocation.
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    use super::super::act::ActRow;
+    use super::super::tile::Tile;
+    use super::NR;
+
+    /// `dot(w, x)` over 16 i8 pairs as four i32 lanes.
+    ///
+    /// # Safety
+    /// NEON (always on aarch64).
+    #[inline(always)]
+    unsafe fn dot16(w: int8x16_t, x: int8x16_t) -> int32x4_t {
+        let lo = vmull_s8(vget_low_s8(w), vget_low_s8(x));
+        let hi = vmull_high_s8(w, x);
+        vpadalq_s16(vpaddlq_s16(lo), hi)
+    }
+
+    /// [`super::dot_scalar`] for one activation row.
+    ///
+    /// # Safety
+    /// The CPU has NEON; `row` holds `tile.k` levels (and residual levels,
+    /// if any), `tile.k / 32` scales and `tile.k / 16` sums.
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn dot_row(tile: &Tile, row: ActRow<'_>, res: &mut [f32; NR]) {
+        let flip = vdupq_n_u8(if tile.signed { 0x80 } else { 0 });
+        for (t, out) in res.iter_mut().enumerate() {
+            let (u, a8, bb) = tile.row(t);
+            let mut acc = 0f32;
+            for (c, &d) in row.d.iter().enumerate() {
+                for h in 0..2 {
+                    let at = c * 32 + h * 16;
+                    // SAFETY: at + 16 <= k: the 16 levels of this half in
+                    // the tile row and in the activation rows (the
+                    // caller's contract).
+                    let s = unsafe {
+                        let w = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(u.as_ptr().add(at)), flip));
+                        let mut v = dot16(w, vld1q_s8(row.q.as_ptr().add(at)));
+                        if let Some(lo) = row.lo {
+                            let l = dot16(w, vld1q_s8(lo.as_ptr().add(at)));
+                            v = vaddq_s32(vshlq_n_s32::<8>(v), l);
+                        }
+                        vaddvq_s32(v)
+                    };
+                    acc += s as f32 * (a8[c * 8 + h * 4] * d);
+                }
+            }
+            if tile.has_offset {
+                acc += bb.iter().zip(row.sums).map(|(b, s)| b * s).sum::<f32>();
+            }
+            *out = acc;
+        }
+    }
+}
+
 // The register blocks index accumulators [row][column] by constant-trip
 // loops (unrolled into registers): clearer than zipped iterators here.
 #[allow(clippy::needless_range_loop)]

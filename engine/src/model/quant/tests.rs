@@ -102,6 +102,32 @@ fn avx512_kernels_match_f64_for_every_type() {
     every_type_matches_f64_on_odd_shapes(Isa::Avx512Vnni);
 }
 
+/// The NEON block against f64, and bit for bit against the portable
+/// kernel whose float operations it repeats.
+#[test]
+#[cfg_attr(
+    not(target_arch = "aarch64"),
+    ignore = "not an aarch64 build: the NEON kernels did not run"
+)]
+fn neon_kernels_match_f64_and_the_portable_bits_for_every_type() {
+    every_type_matches_f64_on_odd_shapes(Isa::Neon);
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    for ty in QuantType::ALL {
+        let (m, n, k) = (7, 9, 2 * ty.block_len().max(64));
+        let w = qmatrix(ty, n, k, &mut rng);
+        let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        for p in [ActPrecision::One8, ActPrecision::Two8] {
+            let act = QuantizedActs::with_precision(&x, m, k, p);
+            let run = |isa| {
+                let mut out = vec![f32::NAN; m * n];
+                matmul(&act, &w, &mut out, n, false, isa);
+                out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            assert_eq!(run(Isa::Neon), run(Isa::Scalar), "{} {p:?}", ty.name());
+        }
+    }
+}
+
 #[test]
 fn strided_output_and_accumulate() {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
@@ -486,6 +512,7 @@ fn rows_are_bit_identical_whatever_the_batch() {
         .map(|i| match i {
             Isa::Avx512Vnni => "avx512vnni",
             Isa::Avx2 => "avx2",
+            Isa::Neon => "neon",
             Isa::Scalar => "portable",
         })
         .collect();

@@ -70,7 +70,7 @@ pub fn width(isa: Isa) -> Option<usize> {
     match isa {
         Isa::Avx512Vnni => Some(MAX_LANES),
         Isa::Avx2 => Some(LANES),
-        Isa::Scalar => None,
+        Isa::Scalar | Isa::Neon => None,
     }
 }
 
