@@ -47,6 +47,35 @@ use super::tile::Tile;
 use super::NR;
 use model_loader::QuantType;
 
+/// The body of a lane kernel's `dispatch`: calls `$groups::<G, HALF,
+/// OFF>` for `res.len()` (1 or 2) groups, the tile's scale granularity and
+/// whether its levels need the offset term (one definition for the AVX2
+/// and AVX-512 kernels).
+#[cfg(target_arch = "x86_64")]
+macro_rules! dispatch_groups {
+    ($groups:ident, $tile:expr, $la:expr, $g0:expr, $res:expr) => {{
+        macro_rules! go {
+            ($g:literal) => {{
+                let res: &mut [_; $g] = $res.try_into().expect("checked length");
+                // SAFETY: the caller's contract, passed on.
+                unsafe {
+                    match (half_scales($tile.ty()), $tile.w16_offset) {
+                        (false, false) => $groups::<$g, false, false>($tile, $la, $g0, res),
+                        (false, true) => $groups::<$g, false, true>($tile, $la, $g0, res),
+                        (true, false) => $groups::<$g, true, false>($tile, $la, $g0, res),
+                        (true, true) => $groups::<$g, true, true>($tile, $la, $g0, res),
+                    }
+                }
+            }};
+        }
+        if $res.len() == 2 {
+            go!(2)
+        } else {
+            go!(1)
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -26,25 +26,7 @@ use super::{half_scales, GroupRes, LaneActs, MAX_LANES};
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
 pub(super) unsafe fn dispatch(tile: &Tile, la: &LaneActs, g0: usize, res: &mut [GroupRes]) {
     debug_assert_eq!(la.width, MAX_LANES);
-    macro_rules! go {
-        ($g:literal) => {{
-            let res: &mut [_; $g] = res.try_into().expect("checked length");
-            // SAFETY: the caller's contract, passed on.
-            unsafe {
-                match (half_scales(tile.ty()), tile.w16_offset) {
-                    (false, false) => groups::<$g, false, false>(tile, la, g0, res),
-                    (false, true) => groups::<$g, false, true>(tile, la, g0, res),
-                    (true, false) => groups::<$g, true, false>(tile, la, g0, res),
-                    (true, true) => groups::<$g, true, true>(tile, la, g0, res),
-                }
-            }
-        }};
-    }
-    if res.len() == 2 {
-        go!(2)
-    } else {
-        go!(1)
-    }
+    dispatch_groups!(groups, tile, la, g0, res)
 }
 
 /// `G` lane groups (`g0..g0 + G`) against one tile: per column pair one
