@@ -48,6 +48,8 @@ pub fn scores<E: KvElem>(
     out: &mut [f32],
 ) {
     let (heads, n) = check(q.len(), hd, pool.len(), addrs, out.len());
+    let _ = heads; // used only where the x86 kernel is compiled in
+    #[allow(unused_mut)] // likewise assigned only there
     let mut done = 0;
     #[cfg(all(
         target_arch = "x86_64",
@@ -82,6 +84,7 @@ pub fn scores<E: KvElem>(
 /// `H n` values and every address plus `hd` lies in `pool`.
 pub fn weighted_sum<E: KvElem>(p: &[f32], pool: &[E], addrs: &[usize], hd: usize, o: &mut [f32]) {
     let (heads, _) = check(o.len(), hd, pool.len(), addrs, p.len());
+    let _ = heads; // used only where the x86 kernel is compiled in
     #[cfg(all(
         target_arch = "x86_64",
         target_feature = "avx2",

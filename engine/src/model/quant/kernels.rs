@@ -242,11 +242,9 @@ mod neon {
     use super::NR;
 
     /// `dot(w, x)` over 16 i8 pairs as four i32 lanes.
-    ///
-    /// # Safety
-    /// NEON (always on aarch64).
-    #[inline(always)]
-    unsafe fn dot16(w: int8x16_t, x: int8x16_t) -> int32x4_t {
+    #[inline]
+    #[target_feature(enable = "neon")]
+    fn dot16(w: int8x16_t, x: int8x16_t) -> int32x4_t {
         let lo = vmull_s8(vget_low_s8(w), vget_low_s8(x));
         let hi = vmull_high_s8(w, x);
         vpadalq_s16(vpaddlq_s16(lo), hi)
