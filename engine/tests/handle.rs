@@ -120,16 +120,16 @@ fn waiting_limit_answers_overloaded_and_shutdown_drains() {
                 }
             }
         }
+        // Refused only when at least `limit` requests were waiting. How many
+        // were accepted before that can exceed the limit: the engine may
+        // admit a waiting request into the running batch between two adds
+        // (it did on a loaded machine), so only the lower bound is fixed.
         assert!(
-            matches!(overloaded, Some(EngineError::Overloaded { limit: 4, .. })),
+            matches!(overloaded, Some(EngineError::Overloaded { waiting, limit: 4 }) if waiting >= 4),
             "{overloaded:?} after {} accepted",
             accepted.len()
         );
-        assert!(
-            accepted.len() >= limit - 1 && accepted.len() <= limit,
-            "{}",
-            accepted.len()
-        );
+        assert!(accepted.len() >= limit - 1, "{}", accepted.len());
         // Drain: everything accepted still completes.
         let joiner = {
             let h = handle.clone();
