@@ -6,9 +6,11 @@
 //!   decode step sees: every layer's weights come from memory once).
 //!
 //! Batch 1 (`m = 1`) with the default two-level activations, and with `-- --one8`
-//! llama.cpp's one-level `Q8_0` activations. Medians of 7 rounds.
+//! llama.cpp's one-level `Q8_0` activations; `--rows=M` multiplies `M`
+//! activation rows at once (a small decode batch, speculative verification
+//! rows: each weight byte then serves `M` rows). Medians of 7 rounds.
 //!
-//! Run: `cargo run --release -p engine --example gemv_bench [-- --one8] [--l2] [TYPE...]`
+//! Run: `cargo run --release -p engine --example gemv_bench [-- --one8] [--l2] [--rows=M] [TYPE...]`
 //! (`--l2`: only the L2 case, e.g. under `perf stat -e cycles:u`, whose
 //! cycle count a loaded machine disturbs less than the wall clock)
 //! (types as in GGUF: `Q4_1 Q8_0 ...`; default the types the two default
@@ -153,6 +155,10 @@ fn main() {
         ActPrecision::Two8
     };
     let l2_only = args.iter().any(|a| a == "--l2");
+    let m: usize = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--rows="))
+        .map_or(1, |v| v.parse().expect("--rows=M takes a row count"));
     // Every vector family this CPU runs, side by side (`--avx2`: only AVX2).
     let isas: Vec<Isa> = if args.iter().any(|a| a == "--avx2") {
         vec![Isa::Avx2]
@@ -177,7 +183,7 @@ fn main() {
         ];
     }
     println!(
-        "kernels {isas:?} (alternating), activations {prec:?}, batch 1; weight GB/s, median of {ROUNDS}"
+        "kernels {isas:?} (alternating), activations {prec:?}, batch {m}; weight GB/s, median of {ROUNDS}"
     );
     let show = |v: &[f64]| {
         v.iter()
@@ -195,10 +201,10 @@ fn main() {
     for ty in types {
         // K-quants need k % 256 == 0 (SmolLM2's ffn_down: k = 1536).
         let k = if ty.block_len() == 256 { 1536 } else { 576 };
-        let x: Vec<f32> = (0..k)
+        let x: Vec<f32> = (0..m * k)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
             .collect();
-        let act = QuantizedActs::with_precision(&x, 1, k, prec);
+        let act = QuantizedActs::with_precision(&x, m, k, prec);
         let small = matrix(ty, k, 256 << 10);
         let l2 = rates(&small, &act, &isas, 1, 256 << 20);
         if l2_only {

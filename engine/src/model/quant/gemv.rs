@@ -31,8 +31,12 @@ use super::gemv_k;
 mod zmm;
 #[cfg(target_arch = "x86_64")]
 mod zmm_k;
+#[cfg(target_arch = "x86_64")]
+mod zmm_k_rows;
+#[cfg(target_arch = "x86_64")]
+mod zmm_rows;
 use super::kernels::Isa;
-use super::{QMatrix, NR};
+use super::{QMatrix, GEMV_MAX_M, NR};
 
 /// True when [`dot_rows`] has a kernel for `ty` on `isa`.
 pub fn supported(isa: Isa, ty: QuantType) -> bool {
@@ -170,6 +174,138 @@ pub fn dot_rows(
     {
         let _ = (rows, qx, lo, row_lo, dx, sx, res);
         false
+    }
+}
+
+/// Activation rows prepared for [`dot_rows_many`]: packed once per product
+/// where the ISA has kernels that decode each weight block once for several
+/// activation rows (AVX-512 VNNI: [`zmm_rows`], [`zmm_k_rows`]).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub struct ManyRows {
+    #[cfg(target_arch = "x86_64")]
+    packed: zmm_rows::PackedActs,
+    lo: bool,
+}
+
+impl ManyRows {
+    /// `Some` when `act`'s rows (2 to [`GEMV_MAX_M`]) can go through
+    /// [`dot_rows_many`] for `ty` under `isa`.
+    pub fn new(isa: Isa, ty: QuantType, act: &QuantizedActs) -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let zmm = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni && zmm::available();
+            if !zmm || !supported(isa, ty) || !(2..=GEMV_MAX_M).contains(&act.m) {
+                return None;
+            }
+            Some(Self {
+                packed: zmm_rows::PackedActs::new(act, ty)?,
+                lo: !act.lo.is_empty(),
+            })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (isa, ty, act);
+            None
+        }
+    }
+}
+
+/// `res[r][t] = dot(w row j + t, activation row r)` for `t < nr` and every
+/// activation row `r`: each weight block decoded once for all the rows,
+/// each row's result the same bits as [`dot_rows`] gives it. `many` was
+/// built for this product's activations and `w.ty`.
+pub fn dot_rows_many(
+    w: &QMatrix,
+    j: usize,
+    nr: usize,
+    many: &ManyRows,
+    res: &mut [[f32; NR]; GEMV_MAX_M],
+) {
+    assert!(
+        (1..=NR).contains(&nr) && j + nr <= w.rows,
+        "dot_rows_many: shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let a = &many.packed;
+        assert_eq!(a.k(), w.cols, "dot_rows_many: shapes");
+        let rb = w.row_bytes();
+        let pf = zmm::PF_GROUPS * NR * rb;
+        let rows: [&[u8]; NR] = std::array::from_fn(|t| {
+            let row = j + t.min(nr - 1);
+            &w.bytes[row * rb..(row + 1) * rb]
+        });
+        let rows = &rows[..nr];
+        let mut out = [[0f32; GEMV_MAX_M]; NR];
+        // SAFETY: `ManyRows::new` found the CPU features the kernels need
+        // and a supported type; each of `rows` is one whole row of `w.ty`
+        // blocks inside `w.bytes`; `a` packs `k = w.cols` values of each
+        // activation row for `w.ty` (with residuals when `lo`).
+        unsafe {
+            match a.rows() {
+                2 => many_rows::<2>(w.ty, many.lo, rows, pf, a, &mut out),
+                3 => many_rows::<3>(w.ty, many.lo, rows, pf, a, &mut out),
+                _ => many_rows::<4>(w.ty, many.lo, rows, pf, a, &mut out),
+            }
+        }
+        for (t, vals) in out.iter().enumerate().take(nr) {
+            for (r, &v) in vals[..a.rows()].iter().enumerate() {
+                res[r][t] = v;
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (w, many, res);
+        unreachable!("ManyRows is built only on x86_64");
+    }
+}
+
+/// The weight rows `rows` against the `M` activation rows of `a`:
+/// `out[t][r]`.
+///
+/// # Safety
+/// As for [`zmm_rows::q4_rows`]; `a` packs exactly `M` rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn many_rows<const M: usize>(
+    ty: QuantType,
+    lo: bool,
+    rows: &[&[u8]],
+    pf: usize,
+    a: &zmm_rows::PackedActs,
+    out: &mut [[f32; GEMV_MAX_M]; NR],
+) {
+    use zmm_k_rows::{q4k_rows, q6k_rows};
+    use zmm_rows::{q4_rows, q8_rows};
+    assert_eq!(a.rows(), M, "many_rows: packed rows");
+    let mut res = [[0f32; M]; NR];
+    let res = &mut res[..rows.len()];
+    macro_rules! by_lo {
+        ($f:ident $(, $g:literal)*) => {
+            if lo {
+                $f::<$($g,)* true, M>(rows, pf, a, res)
+            } else {
+                $f::<$($g,)* false, M>(rows, pf, a, res)
+            }
+        };
+    }
+    // SAFETY: the caller's contract is each kernel's.
+    unsafe {
+        match ty {
+            QuantType::Q4_0 => by_lo!(q4_rows, false, false),
+            QuantType::Q4_1 => by_lo!(q4_rows, true, false),
+            QuantType::Q5_0 => by_lo!(q4_rows, false, true),
+            QuantType::Q5_1 => by_lo!(q4_rows, true, true),
+            QuantType::Q8_0 => by_lo!(q8_rows),
+            QuantType::Q4K => by_lo!(q4k_rows, false),
+            QuantType::Q5K => by_lo!(q4k_rows, true),
+            QuantType::Q6K => by_lo!(q6k_rows),
+            other => unreachable!("no many-row kernel for {other:?}"),
+        }
+    }
+    for (o, r) in out.iter_mut().zip(res.iter()) {
+        o[..M].copy_from_slice(r);
     }
 }
 

@@ -11,7 +11,8 @@
 //!    product.
 //! 2. Up to [`GEMV_MAX_M`] rows (decode), every type but `Q2_K`, `Q3_K`
 //!    and `Q8_K` multiplies
-//!    straight on the file's blocks ([`gemv`]); otherwise:
+//!    straight on the file's blocks ([`gemv`]; on AVX-512 VNNI several rows
+//!    share each block's decode, [`gemv::dot_rows_many`]); otherwise:
 //!    [`tile`]: a tile of [`NR`] weight rows is decoded once into unsigned
 //!    8-bit levels (vectorized per type in `tile_decode`; `Q2_K`/`Q3_K`
 //!    through `model_loader::quant::decode_row`) plus per-32 scale vectors
@@ -256,6 +257,10 @@ pub fn matmul_with(
         }
     };
     let lane_rows = lane_acts.map_or(0, lanes::LaneActs::rows);
+    // Several decode rows: each weight block decoded once for all of them.
+    let many = (direct && m > 1)
+        .then(|| gemv::ManyRows::new(isa, w.ty, act))
+        .flatten();
     let run = |c0: usize| {
         let c1 = (c0 + per).min(n);
         let put = |r: usize, j: usize, vals: &[f32]| {
@@ -284,8 +289,17 @@ pub fn matmul_with(
         if direct {
             let mut j = c0;
             let mut res = [0f32; NR];
+            let mut res_many = [[0f32; NR]; GEMV_MAX_M];
             while j < c1 {
                 let nr = NR.min(c1 - j);
+                if let Some(many) = &many {
+                    gemv::dot_rows_many(w, j, nr, many, &mut res_many);
+                    for (r, vals) in res_many.iter().enumerate().take(m) {
+                        put(r, j, &vals[..nr]);
+                    }
+                    j += nr;
+                    continue;
+                }
                 for r in 0..m {
                     gemv::dot_rows(isa, w, j, nr, act, r, &mut res);
                     put(r, j, &res[..nr]);

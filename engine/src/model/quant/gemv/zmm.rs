@@ -82,16 +82,16 @@ const fn q4_idx(bs: usize) -> [[i16; 32]; 2] {
 }
 
 /// [`q4_idx`] for 18, 20, 22 and 24-byte blocks.
-static Q4_IDX: [[[i16; 32]; 2]; 4] = [q4_idx(18), q4_idx(20), q4_idx(22), q4_idx(24)];
+pub(super) static Q4_IDX: [[[i16; 32]; 2]; 4] = [q4_idx(18), q4_idx(20), q4_idx(22), q4_idx(24)];
 
 /// The words shifted right by 4 (8-15 and 24-31: the high nibbles). A
 /// masked immediate shift: `vpsrlvw` through the intrinsic costs a second
 /// instruction (its count >= 16 rule becomes a masked move).
-const HIGH: __mmask32 = 0xff00_ff00;
+pub(super) const HIGH: __mmask32 = 0xff00_ff00;
 
 /// `Q8_0`'s scale words: block 0's `d` (word 0) on words 0-7, block 1's
 /// (word 17) on 8-15.
-static Q8_SIDX: [i16; 32] = {
+pub(super) static Q8_SIDX: [i16; 32] = {
     let mut a = [0i16; 32];
     let mut i = 8;
     while i < 16 {
@@ -102,7 +102,7 @@ static Q8_SIDX: [i16; 32] = {
 };
 
 /// Mask of the first `n` bytes.
-fn first(n: usize) -> u64 {
+pub(super) fn first(n: usize) -> u64 {
     if n >= 64 {
         u64::MAX
     } else {

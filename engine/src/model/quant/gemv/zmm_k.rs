@@ -24,22 +24,22 @@ use super::super::NR;
 use super::zmm::{lanes, PF_GROUPS};
 
 /// The words of a vector's upper 256 bits (the second copy of `qh`).
-const UPPER: __mmask32 = 0xffff_0000;
+pub(super) const UPPER: __mmask32 = 0xffff_0000;
 
 /// Index tables of the K-quant kernels, built at compile time.
-struct Tables {
+pub(super) struct Tables {
     /// `Q4_K` sub-block pair j: lanes 0-7 take scale 2j, 8-15 scale 2j + 1.
-    pair: [[i32; 16]; 4],
+    pub(super) pair: [[i32; 16]; 4],
     /// Even and odd lanes (the two 16-sums of each sub-block).
-    even: [i32; 16],
-    odd: [i32; 16],
+    pub(super) even: [i32; 16],
+    pub(super) odd: [i32; 16],
     /// `Q6_K`'s 64 values at 64 m: lanes 4i..4i+4 take half 4m + i's scale.
-    half: [[i32; 16]; 4],
+    pub(super) half: [[i32; 16]; 4],
     /// Lane i takes 32-block i / 2 (a half's activation scale).
-    by_half: [i32; 16],
+    pub(super) by_half: [i32; 16],
 }
 
-static T: Tables = {
+pub(super) static T: Tables = {
     let mut t = Tables {
         pair: [[0; 16]; 4],
         even: [0; 16],

@@ -1,0 +1,342 @@
+//! AVX-512 VNNI few-row kernels for several activation rows at once: each
+//! weight block is loaded and decoded once and multiplied with up to
+//! [`MAX_ROWS`] activation rows (the verification rows of speculative
+//! decoding, small decode batches). The one-row kernels of [`super::zmm`]
+//! and [`super::zmm_k`] decode a block again for every activation row.
+//! Measured (`gemv_bench --rows=4`, 96 MiB matrices, 2 threads, against
+//! the one-row kernels run four times): Q8_0 2.1x, Q6_K 2.3x, Q5_0 and
+//! Q4_K 1.5x the weight bytes per second.
+//!
+//! Every activation row gets the same integer sums and the same float
+//! operations in the same order as the one-row kernels give it, so a row's
+//! result is the same bits whichever kernel ran it (the batch-invariant
+//! mode relies on this; `rows_are_bit_identical_whatever_the_batch` checks
+//! it). The activations are packed once per product ([`PackedActs`]): each
+//! row's levels, residuals and what the one-row kernels build per block
+//! from the activations alone (each 32-block's scale on its eight lanes,
+//! each 16-sum on its four, `Q8_0`'s `128 * sum` correction), interleaved
+//! by block so one pointer and constant offsets reach every row: with a
+//! pointer per row and array the loop spilled its general registers and
+//! gained nothing.
+//!
+//! Loop order: one weight row at a time (the [`super::super::NR`] rows of a
+//! tile lie one after the other in memory, so this still streams), blocks
+//! in order, the activation rows innermost; `2 m` float accumulators.
+//!
+//! Invariants: as in [`super::zmm`] (levels 0..=63 into `vpdpbusd`, i32
+//! lanes below 2^24, weight loads masked to the blocks present); the packed
+//! data is 64-byte aligned and an absent block's lanes are zero.
+//! Cost: per pair of 32-blocks and weight row ~8 vector instructions of
+//! decode plus ~11 per activation row; [`PackedActs`] is `4 m k` bytes
+//! (`32-block types`; `2.5 m k` for K-quants), built once per product.
+
+use std::arch::x86_64::*;
+
+use model_loader::QuantType;
+
+use super::super::act::QuantizedActs;
+use super::zmm::{first, words, HIGH, Q4_IDX, Q8_SIDX};
+
+/// Most activation rows one kernel call takes (its `2 m` accumulators stay
+/// in registers).
+pub const MAX_ROWS: usize = 4;
+const _: () = assert!(
+    super::GEMV_MAX_M <= MAX_ROWS,
+    "one packed chunk holds every few-row product"
+);
+
+/// Bytes per pair of 32-blocks and activation row in [`PackedActs`]:
+/// levels, residual levels, the blocks' scales on their eight lanes each,
+/// and the 16-sums on their four lanes each (`Q8_0`: instead, `128 * sum`
+/// of each lane's four levels, combined `(hi << 8) + lo` as the products
+/// are). An odd last block's missing partner is zeros, as the one-row
+/// kernels' masked loads give.
+pub const PAIR_UNIT: usize = 256;
+/// Bytes per 256-block and activation row (K-quants): levels, residual
+/// levels, the eight scales (32 bytes, then 32 of padding), the 16 sums.
+pub const K_UNIT: usize = 640;
+
+/// The activation rows of one product packed for these kernels, built
+/// once per product: unit `u` (a pair of 32-blocks or a 256-block) of row
+/// `r` at `(u m + r) * unit` bytes, 64-byte aligned, so one pointer and
+/// constant offsets reach every row's data (a pointer per row and array
+/// spilled the general registers).
+pub struct PackedActs {
+    m: usize,
+    k: usize,
+    unit: usize,
+    buf: Vec<u8>,
+    /// Where the aligned data starts in `buf`.
+    start: usize,
+}
+
+impl PackedActs {
+    /// `act` (at most [`MAX_ROWS`] rows) packed for `ty`'s kernels, or
+    /// `None` when there are none for `ty`.
+    pub fn new(act: &QuantizedActs, ty: QuantType) -> Option<Self> {
+        let (pairs, q8) = match ty {
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 => (true, false),
+            QuantType::Q8_0 => (true, true),
+            QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => (false, false),
+            _ => return None,
+        };
+        let (m, k) = (act.m, act.k);
+        if m == 0 || m > MAX_ROWS || (!pairs && !k.is_multiple_of(256)) {
+            return None;
+        }
+        let (unit, units) = if pairs {
+            (PAIR_UNIT, (k / 32).div_ceil(2))
+        } else {
+            (K_UNIT, k / 256)
+        };
+        let bytes = units * m * unit;
+        let buf = vec![0u8; bytes + 63];
+        let start = buf.as_ptr().align_offset(64).min(63);
+        let mut a = Self {
+            m,
+            k,
+            unit,
+            buf,
+            start,
+        };
+        let data = &mut a.buf[start..start + bytes];
+        let f32s = |dst: &mut [u8], vals: &mut dyn Iterator<Item = f32>| {
+            for (d, v) in dst.chunks_exact_mut(4).zip(vals) {
+                d.copy_from_slice(&v.to_ne_bytes());
+            }
+        };
+        for r in 0..m {
+            let row = act.row(r);
+            let vals = if pairs { 64 } else { 256 };
+            for u in 0..units {
+                let at = (u * m + r) * unit;
+                let dst = &mut data[at..at + unit];
+                let v = u * vals..(u * vals + vals).min(k);
+                let n = v.len();
+                for (d, &q) in dst[..n].iter_mut().zip(&row.q[v.clone()]) {
+                    *d = q as u8;
+                }
+                if let Some(lo) = row.lo {
+                    for (d, &l) in dst[vals..vals + n].iter_mut().zip(&lo[v.clone()]) {
+                        *d = l as u8;
+                    }
+                }
+                if !pairs {
+                    f32s(
+                        &mut dst[512..544],
+                        &mut row.d[8 * u..8 * u + 8].iter().copied(),
+                    );
+                    f32s(
+                        &mut dst[576..640],
+                        &mut row.sums[16 * u..16 * u + 16].iter().copied(),
+                    );
+                    continue;
+                }
+                // Lane l (of 16) covers values 4l..4l + 4 of the pair.
+                let lanes = n / 4;
+                f32s(
+                    &mut dst[128..192],
+                    &mut (0..lanes).map(|l| row.d[2 * u + l / 8]),
+                );
+                if q8 {
+                    let four = |v: &[i8], l: usize| -> i32 {
+                        let at = 64 * u + 4 * l;
+                        v[at..at + 4].iter().map(|&x| 128 * i32::from(x)).sum()
+                    };
+                    for (l, d) in dst[192..256].chunks_exact_mut(4).take(lanes).enumerate() {
+                        let c = match row.lo {
+                            Some(lo) => (four(row.q, l) << 8) + four(lo, l),
+                            None => four(row.q, l),
+                        };
+                        d.copy_from_slice(&c.to_ne_bytes());
+                    }
+                } else {
+                    f32s(
+                        &mut dst[192..256],
+                        &mut (0..lanes).map(|l| row.sums[4 * u + l / 4]),
+                    );
+                }
+            }
+        }
+        Some(a)
+    }
+
+    /// The activation rows packed (the kernels' `M`).
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+
+    /// The values per row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The first unit's first row (64-byte aligned).
+    pub(super) fn base(&self) -> *const u8 {
+        self.buf[self.start..].as_ptr()
+    }
+}
+
+/// `Q4_0`, `Q4_1` (`MIN`), `Q5_0` (`FIVE`) or `Q5_1` (both): `res[t][r] =
+/// dot(rows[t], activation row r)` for the `M` rows packed in `a`, each the
+/// same bits as [`super::zmm::q4`] gives it.
+///
+/// # Safety
+/// The CPU has the features [`super::zmm::available`] checks; each of
+/// `rows` holds `a.k() / 32` blocks of the type and lies in one allocation
+/// (the prefetch `pf` bytes ahead needs no validity); `a` was packed by
+/// [`PackedActs::new`] for the type with `M` rows (with residual levels
+/// when `LO`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M: usize>(
+    rows: &[&[u8]],
+    pf: usize,
+    a: &PackedActs,
+    res: &mut [[f32; M]],
+) {
+    let bs = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
+    let qh_at = if MIN { 4 } else { 2 };
+    let nb = a.k / 32;
+    debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
+    debug_assert!(a.m == M && a.unit == PAIR_UNIT);
+    let idx = &Q4_IDX[(bs - 18) / 2];
+    let (qidx, sidx) = (words(&idx[0]), words(&idx[1]));
+    let (nib, b16) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(16));
+    for (&row, res) in rows.iter().zip(res.iter_mut()) {
+        let mut acc = [_mm512_setzero_ps(); M];
+        let mut off = [_mm512_setzero_ps(); M];
+        let mut c = 0;
+        while c < nb {
+            let two = c + 1 < nb;
+            let kw = first(if two { 2 * bs } else { bs });
+            // SAFETY: blocks c (and c + 1 when `two`) exist in `row` and in
+            // every activation row, their pair vectors at 8 c (16 lanes);
+            // the weight and level loads are masked to the blocks present; a
+            // prefetch never faults (wrapping address).
+            unsafe {
+                let p = row.as_ptr().add(c * bs);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
+                let raw = _mm512_maskz_loadu_epi8(kw, p.cast());
+                let qs = _mm512_permutexvar_epi16(qidx, raw);
+                let mut w = _mm512_and_si512(_mm512_mask_srli_epi16::<4>(qs, HIGH, qs), nib);
+                if FIVE {
+                    let h0 = p.add(qh_at).cast::<u32>().read_unaligned();
+                    let h1 = if two {
+                        p.add(bs + qh_at).cast::<u32>().read_unaligned()
+                    } else {
+                        0
+                    };
+                    let k = u64::from(h0) | (u64::from(h1) << 32);
+                    w = _mm512_mask_add_epi8(w, k, w, b16);
+                }
+                let sc = _mm512_permutexvar_epi16(sidx, raw);
+                let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(sc));
+                let o = if MIN {
+                    _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(sc))
+                } else {
+                    dw
+                };
+                let u = a.base().add(c / 2 * M * PAIR_UNIT);
+                for r in 0..M {
+                    let at = u.add(r * PAIR_UNIT);
+                    let x = _mm512_load_si512(at.cast());
+                    let hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
+                    let prod = if LO {
+                        let xl = _mm512_load_si512(at.add(64).cast());
+                        _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(hi), w, xl)
+                    } else {
+                        hi
+                    };
+                    let d = _mm512_load_ps(at.add(128).cast());
+                    let s = _mm512_load_ps(at.add(192).cast());
+                    acc[r] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), _mm512_mul_ps(dw, d), acc[r]);
+                    off[r] = _mm512_fmadd_ps(o, s, off[r]);
+                }
+            }
+            c += 2;
+        }
+        // As in `zmm::q4`: each 16-sum met its block's offset in four lanes.
+        let o = 0.25
+            * if MIN {
+                1.0
+            } else if FIVE {
+                -16.0
+            } else {
+                -8.0
+            };
+        for r in 0..M {
+            res[r] = _mm512_reduce_add_ps(acc[r]) + o * _mm512_reduce_add_ps(off[r]);
+        }
+    }
+}
+
+/// `Q8_0` (34-byte blocks) against the `M` rows of `a`, each the same bits
+/// as [`super::zmm::q8`] gives it.
+///
+/// # Safety
+/// As for [`q4_rows`], with 34-byte blocks (`a` packed for `Q8_0`: the
+/// corrections in place of the sums).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn q8_rows<const LO: bool, const M: usize>(
+    rows: &[&[u8]],
+    pf: usize,
+    a: &PackedActs,
+    res: &mut [[f32; M]],
+) {
+    const BS: usize = 34;
+    let nb = a.k / 32;
+    debug_assert!(rows.iter().all(|r| r.len() >= nb * BS));
+    debug_assert!(a.m == M && a.unit == PAIR_UNIT);
+    let sidx = words(&Q8_SIDX);
+    let flip = _mm512_set1_epi8(-128);
+    for (&row, res) in rows.iter().zip(res.iter_mut()) {
+        let mut acc = [_mm512_setzero_ps(); M];
+        let mut c = 0;
+        while c < nb {
+            let two = c + 1 < nb;
+            let (k1, kd) = if two {
+                (u32::MAX, first(2 * BS))
+            } else {
+                (0, first(2))
+            };
+            // SAFETY: as in `q4_rows`, with 34-byte blocks: the loads of block
+            // c + 1's bytes are masked off when it is absent.
+            unsafe {
+                let p = row.as_ptr().add(c * BS);
+                let ahead = p.wrapping_add(pf);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
+                let w0 = _mm256_loadu_si256(p.add(2).cast());
+                let w1 = _mm256_maskz_loadu_epi8(k1, p.add(BS + 2).cast());
+                let w = _mm512_xor_si512(
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1),
+                    flip,
+                );
+                let raw = _mm512_maskz_loadu_epi8(kd, p.cast());
+                let dw =
+                    _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(sidx, raw)));
+                let u = a.base().add(c / 2 * M * PAIR_UNIT);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let at = u.add(r * PAIR_UNIT);
+                    let x = _mm512_load_si512(at.cast());
+                    let hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
+                    let prod = if LO {
+                        let xl = _mm512_load_si512(at.add(64).cast());
+                        _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(hi), w, xl)
+                    } else {
+                        hi
+                    };
+                    let corr = _mm512_load_si512(at.add(192).cast());
+                    let prod = _mm512_sub_epi32(prod, corr);
+                    let d = _mm512_load_ps(at.add(128).cast());
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), _mm512_mul_ps(dw, d), *acc);
+                }
+            }
+            c += 2;
+        }
+        for r in 0..M {
+            res[r] = _mm512_reduce_add_ps(acc[r]);
+        }
+    }
+}
