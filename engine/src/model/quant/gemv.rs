@@ -36,7 +36,7 @@ mod zmm_k_rows;
 #[cfg(target_arch = "x86_64")]
 mod zmm_rows;
 use super::kernels::Isa;
-use super::{QMatrix, GEMV_MAX_M, NR};
+use super::{QMatrix, MANY_MAX_M, NR};
 
 /// True when [`dot_rows`] has a kernel for `ty` on `isa`.
 pub fn supported(isa: Isa, ty: QuantType) -> bool {
@@ -188,13 +188,13 @@ pub struct ManyRows {
 }
 
 impl ManyRows {
-    /// `Some` when `act`'s rows (2 to [`GEMV_MAX_M`]) can go through
+    /// `Some` when `act`'s rows (2 to [`MANY_MAX_M`]) can go through
     /// [`dot_rows_many`] for `ty` under `isa`.
     pub fn new(isa: Isa, ty: QuantType, act: &QuantizedActs) -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
         {
             let zmm = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni && zmm::available();
-            if !zmm || !supported(isa, ty) || !(2..=GEMV_MAX_M).contains(&act.m) {
+            if !zmm || !supported(isa, ty) || !(2..=MANY_MAX_M).contains(&act.m) {
                 return None;
             }
             Some(Self {
@@ -219,7 +219,7 @@ pub fn dot_rows_many(
     j: usize,
     nr: usize,
     many: &ManyRows,
-    res: &mut [[f32; NR]; GEMV_MAX_M],
+    res: &mut [[f32; NR]; MANY_MAX_M],
 ) {
     assert!(
         (1..=NR).contains(&nr) && j + nr <= w.rows,
@@ -236,7 +236,7 @@ pub fn dot_rows_many(
             &w.bytes[row * rb..(row + 1) * rb]
         });
         let rows = &rows[..nr];
-        let mut out = [[0f32; GEMV_MAX_M]; NR];
+        let mut out = [[0f32; MANY_MAX_M]; NR];
         // SAFETY: `ManyRows::new` found the CPU features the kernels need
         // and a supported type; each of `rows` is one whole row of `w.ty`
         // blocks inside `w.bytes`; `a` packs `k = w.cols` values of each
@@ -245,7 +245,11 @@ pub fn dot_rows_many(
             match a.rows() {
                 2 => many_rows::<2>(w.ty, many.lo, rows, pf, a, &mut out),
                 3 => many_rows::<3>(w.ty, many.lo, rows, pf, a, &mut out),
-                _ => many_rows::<4>(w.ty, many.lo, rows, pf, a, &mut out),
+                4 => many_rows::<4>(w.ty, many.lo, rows, pf, a, &mut out),
+                5 => many_rows::<5>(w.ty, many.lo, rows, pf, a, &mut out),
+                6 => many_rows::<6>(w.ty, many.lo, rows, pf, a, &mut out),
+                7 => many_rows::<7>(w.ty, many.lo, rows, pf, a, &mut out),
+                _ => many_rows::<8>(w.ty, many.lo, rows, pf, a, &mut out),
             }
         }
         for (t, vals) in out.iter().enumerate().take(nr) {
@@ -274,7 +278,7 @@ unsafe fn many_rows<const M: usize>(
     rows: &[&[u8]],
     pf: usize,
     a: &zmm_rows::PackedActs,
-    out: &mut [[f32; GEMV_MAX_M]; NR],
+    out: &mut [[f32; MANY_MAX_M]; NR],
 ) {
     use zmm_k_rows::{q4k_rows, q6k_rows};
     use zmm_rows::{q4_rows, q8_rows};

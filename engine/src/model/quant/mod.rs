@@ -71,6 +71,11 @@ pub const NR: usize = 4;
 /// on the file's blocks ([`gemv`]) instead of decoding tiles.
 pub const GEMV_MAX_M: usize = 4;
 
+/// Up to this many activation rows, where [`gemv::ManyRows`] has kernels
+/// (AVX-512 VNNI), the rows share each weight block's decode straight on
+/// the file's blocks instead of decoding tiles.
+pub const MANY_MAX_M: usize = 8;
+
 /// Bytes of quantized activations one panel may hold: 5/8 of the core's
 /// L2 (read once from sysfs; 512 KiB where unknown), leaving room for the
 /// tile and the output. Measured single-threaded on Q4_K 1536 x 1536 with
@@ -243,7 +248,11 @@ pub fn matmul_with(
     };
     let per = n.div_ceil(stripes).div_ceil(NR) * NR;
     let dst = SendPtr(out.as_mut_ptr());
-    let direct = m <= GEMV_MAX_M && gemv::supported(isa, w.ty);
+    // Several decode rows: each weight block decoded once for all of them.
+    let many = (m > 1)
+        .then(|| gemv::ManyRows::new(isa, w.ty, act))
+        .flatten();
+    let direct = many.is_some() || (m <= GEMV_MAX_M && gemv::supported(isa, w.ty));
     let built;
     let lane_acts = match (
         &act.lanes,
@@ -257,10 +266,6 @@ pub fn matmul_with(
         }
     };
     let lane_rows = lane_acts.map_or(0, lanes::LaneActs::rows);
-    // Several decode rows: each weight block decoded once for all of them.
-    let many = (direct && m > 1)
-        .then(|| gemv::ManyRows::new(isa, w.ty, act))
-        .flatten();
     let run = |c0: usize| {
         let c1 = (c0 + per).min(n);
         let put = |r: usize, j: usize, vals: &[f32]| {
@@ -289,7 +294,7 @@ pub fn matmul_with(
         if direct {
             let mut j = c0;
             let mut res = [0f32; NR];
-            let mut res_many = [[0f32; NR]; GEMV_MAX_M];
+            let mut res_many = [[0f32; NR]; MANY_MAX_M];
             while j < c1 {
                 let nr = NR.min(c1 - j);
                 if let Some(many) = &many {

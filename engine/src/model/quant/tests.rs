@@ -223,7 +223,7 @@ fn tile_decode_equals_the_generic_decoders_for_every_type() {
 
 #[test]
 fn register_blocks_match_f64_on_row_and_column_tails() {
-    // m = 1..=9 covers every row-block remainder (MR = 4) twice; n = 7
+    // Row counts covering every row-block remainder (MR = 4); n = 7
     // leaves a partial weight tile; k = 3 blocks of 32 ends on a half
     // 512-bit step. Both activation precisions, every kernel family.
     let mut rng = ChaCha8Rng::seed_from_u64(8);
@@ -231,7 +231,9 @@ fn register_blocks_match_f64_on_row_and_column_tails() {
         let k = if ty.block_len() == 256 { 256 } else { 96 };
         let n = 7;
         let w = qmatrix(ty, n, k, &mut rng);
-        for m in GEMV_MAX_M + 1..=GEMV_MAX_M + 2 * MR + 1 {
+        // From the first m past the one-row kernels to past the many-row
+        // ones (AVX-512), so every family reaches its tiles' row tails.
+        for m in GEMV_MAX_M + 1..=MANY_MAX_M + 2 * MR + 1 {
             let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
             for p in [ActPrecision::One8, ActPrecision::Two8] {
                 let act = QuantizedActs::with_precision(&x, m, k, p);
@@ -270,7 +272,7 @@ fn direct_few_row_path_matches_f64_across_stripes_and_tails() {
     ] {
         let k = if ty.block_len() == 256 { 768 } else { 576 };
         let w = qmatrix(ty, n, k, &mut rng);
-        for m in 1..=GEMV_MAX_M + 1 {
+        for m in 1..=MANY_MAX_M + 1 {
             let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
             let p = if m % 2 == 0 {
                 ActPrecision::One8
@@ -283,6 +285,25 @@ fn direct_few_row_path_matches_f64_across_stripes_and_tails() {
                 let mut res = [f32::NAN; NR];
                 let direct = gemv::dot_rows(isa, &w, n - 2, 2, &act, m - 1, &mut res);
                 assert_eq!(direct, gemv::supported(isa, ty), "{isa:?}");
+                // The many-row kernels: each row the one-row kernel's bits.
+                if let Some(many) = gemv::ManyRows::new(isa, ty, &act) {
+                    let mut all = [[f32::NAN; NR]; MANY_MAX_M];
+                    gemv::dot_rows_many(&w, n - 3, 3, &many, &mut all);
+                    for (r, got) in all.iter().enumerate().take(m) {
+                        let mut one = [f32::NAN; NR];
+                        gemv::dot_rows(isa, &w, n - 3, 3, &act, r, &mut one);
+                        assert!(
+                            got[..3]
+                                .iter()
+                                .zip(&one)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{} {isa:?} {p:?} m={m} row {r}: {:?} vs {:?}",
+                            ty.name(),
+                            &got[..3],
+                            &one[..3]
+                        );
+                    }
+                }
                 if direct {
                     for t in 0..2 {
                         let e = want[(m - 1) * n + n - 2 + t];

@@ -39,9 +39,9 @@ use super::zmm::{first, words, HIGH, Q4_IDX, Q8_SIDX};
 
 /// Most activation rows one kernel call takes (its `2 m` accumulators stay
 /// in registers).
-pub const MAX_ROWS: usize = 4;
+pub const MAX_ROWS: usize = 8;
 const _: () = assert!(
-    super::GEMV_MAX_M <= MAX_ROWS,
+    super::MANY_MAX_M <= MAX_ROWS,
     "one packed chunk holds every few-row product"
 );
 
