@@ -3,9 +3,11 @@
 //! [`MAX_ROWS`] activation rows (the verification rows of speculative
 //! decoding, small decode batches). The one-row kernels of [`super::zmm`]
 //! and [`super::zmm_k`] decode a block again for every activation row.
-//! Measured (`gemv_bench --rows=4`, 96 MiB matrices, 2 threads, against
-//! the one-row kernels run four times): Q8_0 2.1x, Q6_K 2.3x, Q5_0 and
-//! Q4_K 1.5x the weight bytes per second.
+//! Measured (`gemv_bench --rows=M`, 96 MiB matrices, 2 threads): at 4
+//! rows against the one-row kernels run four times, Q8_0 2.1x, Q6_K 2.3x,
+//! Q5_0 and Q4_K 1.5x the weight bytes per second; at 6 and 8 rows against
+//! the tile path (which [`super::super::MANY_MAX_M`] now replaces for
+//! them) 1.5x to 2x.
 //!
 //! Every activation row gets the same integer sums and the same float
 //! operations in the same order as the one-row kernels give it, so a row's
