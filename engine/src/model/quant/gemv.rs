@@ -182,8 +182,10 @@ pub fn dot_rows(
 /// activation rows (AVX-512 VNNI: [`zmm_rows`], [`zmm_k_rows`]).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct ManyRows {
+    /// The rows in chunks of at most 8, as even as they come (9 rows: 5
+    /// and 4), each packed with its first row.
     #[cfg(target_arch = "x86_64")]
-    packed: zmm_rows::PackedActs,
+    chunks: Vec<(usize, zmm_rows::PackedActs)>,
     lo: bool,
 }
 
@@ -197,8 +199,15 @@ impl ManyRows {
             if !zmm || !supported(isa, ty) || !(2..=MANY_MAX_M).contains(&act.m) {
                 return None;
             }
+            let n = act.m.div_ceil(zmm_rows::MAX_ROWS);
+            let chunks = (0..n)
+                .map(|c| {
+                    let (r0, r1) = (c * act.m / n, (c + 1) * act.m / n);
+                    Some((r0, zmm_rows::PackedActs::new(act, r0..r1, ty)?))
+                })
+                .collect::<Option<Vec<_>>>()?;
             Some(Self {
-                packed: zmm_rows::PackedActs::new(act, ty)?,
+                chunks,
                 lo: !act.lo.is_empty(),
             })
         }
@@ -227,8 +236,6 @@ pub fn dot_rows_many(
     );
     #[cfg(target_arch = "x86_64")]
     {
-        let a = &many.packed;
-        assert_eq!(a.k(), w.cols, "dot_rows_many: shapes");
         let rb = w.row_bytes();
         let pf = zmm::PF_GROUPS * NR * rb;
         let rows: [&[u8]; NR] = std::array::from_fn(|t| {
@@ -236,25 +243,30 @@ pub fn dot_rows_many(
             &w.bytes[row * rb..(row + 1) * rb]
         });
         let rows = &rows[..nr];
-        let mut out = [[0f32; MANY_MAX_M]; NR];
-        // SAFETY: `ManyRows::new` found the CPU features the kernels need
-        // and a supported type; each of `rows` is one whole row of `w.ty`
-        // blocks inside `w.bytes`; `a` packs `k = w.cols` values of each
-        // activation row for `w.ty` (with residuals when `lo`).
-        unsafe {
-            match a.rows() {
-                2 => many_rows::<2>(w.ty, many.lo, rows, pf, a, &mut out),
-                3 => many_rows::<3>(w.ty, many.lo, rows, pf, a, &mut out),
-                4 => many_rows::<4>(w.ty, many.lo, rows, pf, a, &mut out),
-                5 => many_rows::<5>(w.ty, many.lo, rows, pf, a, &mut out),
-                6 => many_rows::<6>(w.ty, many.lo, rows, pf, a, &mut out),
-                7 => many_rows::<7>(w.ty, many.lo, rows, pf, a, &mut out),
-                _ => many_rows::<8>(w.ty, many.lo, rows, pf, a, &mut out),
+        let mut out = [[0f32; zmm_rows::MAX_ROWS]; NR];
+        for (r0, a) in &many.chunks {
+            assert_eq!(a.k(), w.cols, "dot_rows_many: shapes");
+            // SAFETY: `ManyRows::new` found the CPU features the kernels
+            // need and a supported type; each of `rows` is one whole row of
+            // `w.ty` blocks inside `w.bytes`; `a` packs `k = w.cols` values
+            // of each of its activation rows for `w.ty` (with residuals
+            // when `lo`).
+            unsafe {
+                match a.rows() {
+                    1 => many_rows::<1>(w.ty, many.lo, rows, pf, a, &mut out),
+                    2 => many_rows::<2>(w.ty, many.lo, rows, pf, a, &mut out),
+                    3 => many_rows::<3>(w.ty, many.lo, rows, pf, a, &mut out),
+                    4 => many_rows::<4>(w.ty, many.lo, rows, pf, a, &mut out),
+                    5 => many_rows::<5>(w.ty, many.lo, rows, pf, a, &mut out),
+                    6 => many_rows::<6>(w.ty, many.lo, rows, pf, a, &mut out),
+                    7 => many_rows::<7>(w.ty, many.lo, rows, pf, a, &mut out),
+                    _ => many_rows::<8>(w.ty, many.lo, rows, pf, a, &mut out),
+                }
             }
-        }
-        for (t, vals) in out.iter().enumerate().take(nr) {
-            for (r, &v) in vals[..a.rows()].iter().enumerate() {
-                res[r][t] = v;
+            for (t, vals) in out.iter().enumerate().take(nr) {
+                for (r, &v) in vals[..a.rows()].iter().enumerate() {
+                    res[r0 + r][t] = v;
+                }
             }
         }
     }
@@ -278,7 +290,7 @@ unsafe fn many_rows<const M: usize>(
     rows: &[&[u8]],
     pf: usize,
     a: &zmm_rows::PackedActs,
-    out: &mut [[f32; MANY_MAX_M]; NR],
+    out: &mut [[f32; zmm_rows::MAX_ROWS]; NR],
 ) {
     use zmm_k_rows::{q4k_rows, q6k_rows};
     use zmm_rows::{q4_rows, q8_rows};

@@ -73,8 +73,9 @@ pub const GEMV_MAX_M: usize = 4;
 
 /// Up to this many activation rows, where [`gemv::ManyRows`] has kernels
 /// (AVX-512 VNNI), the rows share each weight block's decode straight on
-/// the file's blocks instead of decoding tiles.
-pub const MANY_MAX_M: usize = 8;
+/// the file's blocks (in chunks of up to 8) instead of decoding tiles; at
+/// 16 the lane kernel takes over (without `--batch-invariant`).
+pub const MANY_MAX_M: usize = 15;
 
 /// Bytes of quantized activations one panel may hold: 5/8 of the core's
 /// L2 (read once from sysfs; 512 KiB where unknown), leaving room for the

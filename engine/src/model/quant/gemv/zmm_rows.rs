@@ -7,7 +7,8 @@
 //! rows against the one-row kernels run four times, Q8_0 2.1x, Q6_K 2.3x,
 //! Q5_0 and Q4_K 1.5x the weight bytes per second; at 6 and 8 rows against
 //! the tile path (which [`super::super::MANY_MAX_M`] now replaces for
-//! them) 1.5x to 2x.
+//! them) 1.5x to 2x; at 9 and 12 rows (two chunks, each decoding the
+//! blocks again) 1.2x to 1.6x.
 //!
 //! Every activation row gets the same integer sums and the same float
 //! operations in the same order as the one-row kernels give it, so a row's
@@ -40,12 +41,8 @@ use super::super::act::QuantizedActs;
 use super::zmm::{first, words, HIGH, Q4_IDX, Q8_SIDX};
 
 /// Most activation rows one kernel call takes (its `2 m` accumulators stay
-/// in registers).
+/// in registers); more rows are packed in several chunks.
 pub const MAX_ROWS: usize = 8;
-const _: () = assert!(
-    super::MANY_MAX_M <= MAX_ROWS,
-    "one packed chunk holds every few-row product"
-);
 
 /// Bytes per pair of 32-blocks and activation row in [`PackedActs`]:
 /// levels, residual levels, the blocks' scales on their eight lanes each,
@@ -73,17 +70,17 @@ pub struct PackedActs {
 }
 
 impl PackedActs {
-    /// `act` (at most [`MAX_ROWS`] rows) packed for `ty`'s kernels, or
-    /// `None` when there are none for `ty`.
-    pub fn new(act: &QuantizedActs, ty: QuantType) -> Option<Self> {
+    /// Rows `rows` of `act` (at most [`MAX_ROWS`]) packed for `ty`'s
+    /// kernels, or `None` when there are none for `ty`.
+    pub fn new(act: &QuantizedActs, rows: std::ops::Range<usize>, ty: QuantType) -> Option<Self> {
         let (pairs, q8) = match ty {
             QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 => (true, false),
             QuantType::Q8_0 => (true, true),
             QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => (false, false),
             _ => return None,
         };
-        let (m, k) = (act.m, act.k);
-        if m == 0 || m > MAX_ROWS || (!pairs && !k.is_multiple_of(256)) {
+        let (m, k) = (rows.len(), act.k);
+        if m == 0 || m > MAX_ROWS || rows.end > act.m || (!pairs && !k.is_multiple_of(256)) {
             return None;
         }
         let (unit, units) = if pairs {
@@ -107,8 +104,8 @@ impl PackedActs {
                 d.copy_from_slice(&v.to_ne_bytes());
             }
         };
-        for r in 0..m {
-            let row = act.row(r);
+        for (r, ar) in rows.enumerate() {
+            let row = act.row(ar);
             let vals = if pairs { 64 } else { 256 };
             for u in 0..units {
                 let at = (u * m + r) * unit;
