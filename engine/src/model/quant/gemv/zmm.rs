@@ -82,16 +82,16 @@ const fn q4_idx(bs: usize) -> [[i16; 32]; 2] {
 }
 
 /// [`q4_idx`] for 18, 20, 22 and 24-byte blocks.
-pub(super) static Q4_IDX: [[[i16; 32]; 2]; 4] = [q4_idx(18), q4_idx(20), q4_idx(22), q4_idx(24)];
+static Q4_IDX: [[[i16; 32]; 2]; 4] = [q4_idx(18), q4_idx(20), q4_idx(22), q4_idx(24)];
 
 /// The words shifted right by 4 (8-15 and 24-31: the high nibbles). A
 /// masked immediate shift: `vpsrlvw` through the intrinsic costs a second
 /// instruction (its count >= 16 rule becomes a masked move).
-pub(super) const HIGH: __mmask32 = 0xff00_ff00;
+const HIGH: __mmask32 = 0xff00_ff00;
 
 /// `Q8_0`'s scale words: block 0's `d` (word 0) on words 0-7, block 1's
 /// (word 17) on 8-15.
-pub(super) static Q8_SIDX: [i16; 32] = {
+static Q8_SIDX: [i16; 32] = {
     let mut a = [0i16; 32];
     let mut i = 8;
     while i < 16 {
@@ -162,6 +162,96 @@ unsafe fn pair<const LO: bool>(
     }
 }
 
+/// One weight row's pair of 4/5-bit blocks decoded: the levels (64
+/// bytes), the blocks' scales `d` on their eight lanes each, and the factor
+/// the activations' 16-sums meet (`m` for the types with a min, else `d`).
+pub(super) struct Q4Pair {
+    pub w: __m512i,
+    pub dw: __m512,
+    pub o: __m512,
+}
+
+/// Decodes the pair of blocks at `p` (`two`: block `c + 1` too, `bs`
+/// bytes on; otherwise its lanes are zero) for [`q4`] and the many-row
+/// kernels alike.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL and F16C; `p` holds the block (and the next
+/// when `two`) of the type with `bs`-byte blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn q4_pair<const MIN: bool, const FIVE: bool>(
+    p: *const u8,
+    two: bool,
+    bs: usize,
+) -> Q4Pair {
+    let qh_at = if MIN { 4 } else { 2 };
+    let idx = &Q4_IDX[(bs - 18) / 2];
+    let (qidx, sidx) = (words(&idx[0]), words(&idx[1]));
+    let kw = first(if two { 2 * bs } else { bs });
+    // SAFETY: the loads are masked to the blocks present (the contract).
+    unsafe {
+        let raw = _mm512_maskz_loadu_epi8(kw, p.cast());
+        let qs = _mm512_permutexvar_epi16(qidx, raw);
+        let mut w = _mm512_and_si512(
+            _mm512_mask_srli_epi16::<4>(qs, HIGH, qs),
+            _mm512_set1_epi8(0x0f),
+        );
+        if FIVE {
+            let h0 = p.add(qh_at).cast::<u32>().read_unaligned();
+            let h1 = if two {
+                p.add(bs + qh_at).cast::<u32>().read_unaligned()
+            } else {
+                0
+            };
+            let k = u64::from(h0) | (u64::from(h1) << 32);
+            w = _mm512_mask_add_epi8(w, k, w, _mm512_set1_epi8(16));
+        }
+        let sc = _mm512_permutexvar_epi16(sidx, raw);
+        let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(sc));
+        let o = if MIN {
+            _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(sc))
+        } else {
+            dw
+        };
+        Q4Pair { w, dw, o }
+    }
+}
+
+/// One weight row's pair of `Q8_0` blocks at `p`: the levels `+ 128`
+/// (64 bytes; an absent second block's are zero) and the scales on their
+/// eight lanes each.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL and F16C; `p` holds the block (and the next
+/// when `two`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn q8_pair(p: *const u8, two: bool) -> (__m512i, __m512) {
+    const BS: usize = 34;
+    let (k1, kd) = if two {
+        (u32::MAX, first(2 * BS))
+    } else {
+        (0, first(2))
+    };
+    // SAFETY: the loads of block c + 1's bytes are masked off when it is
+    // absent (the contract).
+    unsafe {
+        let w0 = _mm256_loadu_si256(p.add(2).cast());
+        let w1 = _mm256_maskz_loadu_epi8(k1, p.add(BS + 2).cast());
+        let w = _mm512_xor_si512(
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1),
+            _mm512_set1_epi8(-128),
+        );
+        let raw = _mm512_maskz_loadu_epi8(kd, p.cast());
+        let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(
+            words(&Q8_SIDX),
+            raw,
+        )));
+        (w, dw)
+    }
+}
+
 /// `Q4_0`, `Q4_1` (`MIN`), `Q5_0` (`FIVE`) or `Q5_1` (both) rows against
 /// one activation row: `res[t] = dot(rows[t], x)`.
 ///
@@ -182,13 +272,9 @@ pub unsafe fn q4<const MIN: bool, const FIVE: bool, const LO: bool>(
 ) {
     // d (f16), [m (f16)], [qh (u32)], qs[16].
     let bs = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
-    let qh_at = if MIN { 4 } else { 2 };
     let nb = qx.len() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb && (!LO || lo.len() >= 32 * nb));
-    let idx = &Q4_IDX[(bs - 18) / 2];
-    let (qidx, sidx) = (words(&idx[0]), words(&idx[1]));
-    let (nib, b16) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(16));
     let pf = PF_GROUPS * NR * nb * bs;
     let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
     let mut acc = [_mm512_setzero_ps(); NR];
@@ -196,42 +282,22 @@ pub unsafe fn q4<const MIN: bool, const FIVE: bool, const LO: bool>(
     let mut c = 0;
     while c < nb {
         let two = c + 1 < nb;
-        let kw = first(if two { 2 * bs } else { bs });
         // SAFETY: blocks c (and c + 1 when `two`) exist in the activations
-        // (contract); the weight loads are masked to those blocks' bytes
-        // in each row; a prefetch never faults (wrapping address).
+        // and in each row (contract); a prefetch never faults (wrapping
+        // address).
         unsafe {
             let a = pair::<LO>(qx, lo, dx, sx, c, two);
             for t in 0..NR {
                 let p = rp[t].add(c * bs);
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
-                let raw = _mm512_maskz_loadu_epi8(kw, p.cast());
-                let qs = _mm512_permutexvar_epi16(qidx, raw);
-                let mut w = _mm512_and_si512(_mm512_mask_srli_epi16::<4>(qs, HIGH, qs), nib);
-                if FIVE {
-                    let h0 = p.add(qh_at).cast::<u32>().read_unaligned();
-                    let h1 = if two {
-                        p.add(bs + qh_at).cast::<u32>().read_unaligned()
-                    } else {
-                        0
-                    };
-                    let k = u64::from(h0) | (u64::from(h1) << 32);
-                    w = _mm512_mask_add_epi8(w, k, w, b16);
-                }
+                let Q4Pair { w, dw, o } = q4_pair::<MIN, FIVE>(p, two, bs);
                 let hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a.x);
                 let prod = if LO {
                     _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(hi), w, a.xl)
                 } else {
                     hi
                 };
-                let sc = _mm512_permutexvar_epi16(sidx, raw);
-                let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(sc));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), _mm512_mul_ps(dw, a.d), acc[t]);
-                let o = if MIN {
-                    _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(sc))
-                } else {
-                    dw
-                };
                 off[t] = _mm512_fmadd_ps(o, a.s, off[t]);
             }
         }
@@ -269,7 +335,6 @@ pub unsafe fn q8<const LO: bool>(
     let nb = qx.len() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * BS));
     debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb && (!LO || lo.len() >= 32 * nb));
-    let sidx = words(&Q8_SIDX);
     let flip = _mm512_set1_epi8(-128);
     let pf = PF_GROUPS * NR * nb * BS;
     let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
@@ -277,13 +342,7 @@ pub unsafe fn q8<const LO: bool>(
     let mut c = 0;
     while c < nb {
         let two = c + 1 < nb;
-        let (k1, kd) = if two {
-            (u32::MAX, first(2 * BS))
-        } else {
-            (0, first(2))
-        };
-        // SAFETY: as in `q4`, with 34-byte blocks: the loads of block
-        // c + 1's bytes are masked off when it is absent.
+        // SAFETY: as in `q4`, with 34-byte blocks.
         unsafe {
             let a = pair::<LO>(qx, lo, dx, sx, c, two);
             // 128 * (sum of each 4 levels), combined like the products.
@@ -296,12 +355,7 @@ pub unsafe fn q8<const LO: bool>(
                 let ahead = p.wrapping_add(pf);
                 _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
-                let w0 = _mm256_loadu_si256(p.add(2).cast());
-                let w1 = _mm256_maskz_loadu_epi8(k1, p.add(BS + 2).cast());
-                let w = _mm512_xor_si512(
-                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1),
-                    flip,
-                );
+                let (w, dw) = q8_pair(p, two);
                 let hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a.x);
                 let prod = if LO {
                     _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(hi), w, a.xl)
@@ -309,9 +363,6 @@ pub unsafe fn q8<const LO: bool>(
                     hi
                 };
                 let prod = _mm512_sub_epi32(prod, corr);
-                let raw = _mm512_maskz_loadu_epi8(kd, p.cast());
-                let dw =
-                    _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(sidx, raw)));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), _mm512_mul_ps(dw, a.d), acc[t]);
             }
         }

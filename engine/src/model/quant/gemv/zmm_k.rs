@@ -89,6 +89,112 @@ unsafe fn dot64<const LO: bool>(w: __m512i, qx: &[i8], lo: &[i8], at: usize) -> 
     }
 }
 
+/// One weight row's `Q4_K` (`Q5`: `Q5_K`) 256-block at `blk` decoded:
+/// the eight sub-block scales `d sc` and mins `dmin m`, and the four
+/// 64-weight level vectors (sub-blocks 2j and 2j + 1 in vector j).
+///
+/// # Safety
+/// The CPU has the features [`super::zmm::available`] checks; `blk` holds
+/// one block (144 bytes; `Q5_K`: 176).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn q4k_block<const Q5: bool>(blk: *const u8) -> (__m256, __m256, [__m512i; 4]) {
+    let qs_at = if Q5 { 48 } else { 16 };
+    let (nib, b16) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x10));
+    // SAFETY: every load lies in the block (the contract).
+    unsafe {
+        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(blk.cast::<i32>().read_unaligned()));
+        let u = |i: usize| blk.add(4 + 4 * i).cast::<u32>().read_unaligned();
+        let (u0, u1, u2) = (u(0), u(1), u(2));
+        // llama.cpp's unpacking: bytes 0-7 the scales, 8-15 the mins.
+        let (k1, k2, k3) = (0x3f3f_3f3f_u32, 0x0f0f_0f0f_u32, 0x0303_0303_u32);
+        let sm = _mm_set_epi32(
+            (((u2 >> 4) & k2) | (((u1 >> 6) & k3) << 4)) as i32,
+            (u1 & k1) as i32,
+            ((u2 & k2) | (((u0 >> 6) & k3) << 4)) as i32,
+            (u0 & k1) as i32,
+        );
+        let smf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm));
+        let d = _mm256_broadcastss_ps(dd);
+        let dmin = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), _mm256_set1_epi32(1));
+        let scw = _mm256_mul_ps(_mm512_castps512_ps256(smf), d);
+        let mins = _mm256_mul_ps(
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(smf))),
+            dmin,
+        );
+        // Q5_K: qh[l] twice, the second copy shifted right by 1: bit 2j
+        // of the first and bit 2j + 1 of the second copy's bytes then sit
+        // at the same place, bit 2j.
+        let h = if Q5 {
+            let h = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(16).cast()));
+            _mm512_mask_srli_epi16::<1>(h, UPPER, h)
+        } else {
+            _mm512_setzero_si512()
+        };
+        let w = std::array::from_fn(|j| {
+            let q = _mm256_loadu_si256(blk.add(qs_at + 32 * j).cast());
+            let w = _mm512_and_si512(
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q), _mm256_srli_epi16::<4>(q)),
+                nib,
+            );
+            if Q5 {
+                // Bit 2j to bit 4.
+                let at4 = match j {
+                    0 => _mm512_slli_epi16::<4>(h),
+                    1 => _mm512_slli_epi16::<2>(h),
+                    2 => h,
+                    _ => _mm512_srli_epi16::<2>(h),
+                };
+                _mm512_or_si512(w, _mm512_and_si512(at4, b16))
+            } else {
+                w
+            }
+        });
+        (scw, mins, w)
+    }
+}
+
+/// One weight row's `Q6_K` block at `blk` decoded: the 16 scales times
+/// `d`, and the four 64-weight level vectors (values 64m..64m + 64 in
+/// vector m).
+///
+/// # Safety
+/// As for [`q4k_block`], with a 210-byte block.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn q6k_block(blk: *const u8) -> (__m512, [__m512i; 4]) {
+    let (nib, m30) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
+    // SAFETY: the 16-byte scale load at 192, the 64-byte ql loads at 0
+    // and 64 and the qh loads at 128 and 160 lie in the block.
+    unsafe {
+        let d = _mm512_cvtph_ps(_mm256_set1_epi16(
+            blk.add(208).cast::<i16>().read_unaligned(),
+        ));
+        let sw = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(192).cast()))),
+            d,
+        );
+        let mut w = [_mm512_setzero_si512(); 4];
+        for n in 0..2 {
+            let a = _mm512_loadu_si512(blk.add(64 * n).cast());
+            // qh twice, the copy for ql bytes 32-63 shifted right by 2:
+            // bits 0-1 (4-5) then give ql bytes 0-31 (32-63) their fifth
+            // and sixth bits for the low (high) nibbles.
+            let h = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(128 + 32 * n).cast()));
+            let h = _mm512_mask_srli_epi16::<2>(h, UPPER, h);
+            w[2 * n] = _mm512_or_si512(
+                _mm512_and_si512(a, nib),
+                _mm512_and_si512(_mm512_slli_epi16::<4>(h), m30),
+            );
+            w[2 * n + 1] = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(a), nib),
+                _mm512_and_si512(h, m30),
+            );
+        }
+        (sw, w)
+    }
+}
+
 /// `Q4_K` (or, with `Q5`, `Q5_K`) rows against one activation row.
 ///
 /// # Safety
@@ -107,10 +213,9 @@ pub unsafe fn q4k<const Q5: bool, const LO: bool>(
 ) {
     let nb = qx.len() / 256;
     // Q5_K: d, dmin, scales[12], qh[32], qs[128].
-    let (bs, qs_at) = if Q5 { (176, 48) } else { (144, 16) };
+    let bs = if Q5 { 176 } else { 144 };
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(dx.len() >= 8 * nb && sx.len() >= 16 * nb && (!LO || lo.len() >= 256 * nb));
-    let (nib, b16) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x10));
     let (even, odd) = (lanes(&T.even), lanes(&T.odd));
     let pf = PF_GROUPS * NR * nb * bs;
     let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
@@ -134,56 +239,11 @@ pub unsafe fn q4k<const Q5: bool, const LO: bool>(
                 for l in (0..bs).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast());
                 }
-                let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(blk.cast::<i32>().read_unaligned()));
-                let u = |i: usize| blk.add(4 + 4 * i).cast::<u32>().read_unaligned();
-                let (u0, u1, u2) = (u(0), u(1), u(2));
-                // llama.cpp's unpacking: bytes 0-7 the scales, 8-15 the mins.
-                let (k1, k2, k3) = (0x3f3f_3f3f_u32, 0x0f0f_0f0f_u32, 0x0303_0303_u32);
-                let sm = _mm_set_epi32(
-                    (((u2 >> 4) & k2) | (((u1 >> 6) & k3) << 4)) as i32,
-                    (u1 & k1) as i32,
-                    ((u2 & k2) | (((u0 >> 6) & k3) << 4)) as i32,
-                    (u0 & k1) as i32,
-                );
-                let smf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm));
-                let d = _mm256_broadcastss_ps(dd);
-                let dmin =
-                    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), _mm256_set1_epi32(1));
-                let sc = _mm256_mul_ps(_mm256_mul_ps(_mm512_castps512_ps256(smf), d), dxb);
-                let mins = _mm256_mul_ps(
-                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(smf))),
-                    dmin,
-                );
+                let (scw, mins, w) = q4k_block::<Q5>(blk);
+                let sc = _mm256_mul_ps(scw, dxb);
                 off[t] = _mm256_fmadd_ps(mins, ssub, off[t]);
                 let sc = _mm512_castps256_ps512(sc);
-                // Q5_K: qh[l] twice, the second copy shifted right by 1: bit
-                // 2j of the first and bit 2j + 1 of the second copy's bytes
-                // then sit at the same place, bit 2j.
-                let h = if Q5 {
-                    let h = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(16).cast()));
-                    _mm512_mask_srli_epi16::<1>(h, UPPER, h)
-                } else {
-                    _mm512_setzero_si512()
-                };
-                for j in 0..4 {
-                    let q = _mm256_loadu_si256(blk.add(qs_at + 32 * j).cast());
-                    let mut w = _mm512_and_si512(
-                        _mm512_inserti64x4::<1>(
-                            _mm512_castsi256_si512(q),
-                            _mm256_srli_epi16::<4>(q),
-                        ),
-                        nib,
-                    );
-                    if Q5 {
-                        // Bit 2j to bit 4.
-                        let at4 = match j {
-                            0 => _mm512_slli_epi16::<4>(h),
-                            1 => _mm512_slli_epi16::<2>(h),
-                            2 => h,
-                            _ => _mm512_srli_epi16::<2>(h),
-                        };
-                        w = _mm512_or_si512(w, _mm512_and_si512(at4, b16));
-                    }
+                for (j, &w) in w.iter().enumerate() {
                     let p = dot64::<LO>(w, qx, lo, 256 * b + 64 * j);
                     let s = _mm512_permutexvar_ps(lanes(&T.pair[j]), sc);
                     acc[t] = _mm512_fmadd_ps(p, s, acc[t]);
@@ -215,7 +275,6 @@ pub unsafe fn q6k<const LO: bool>(
     let nb = qx.len() / 256;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * BS));
     debug_assert!(dx.len() >= 8 * nb && sx.len() >= 16 * nb && (!LO || lo.len() >= 256 * nb));
-    let (nib, m30) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
     let by_half = lanes(&T.by_half);
     let pf = PF_GROUPS * NR * nb * BS;
     let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
@@ -236,40 +295,13 @@ pub unsafe fn q6k<const LO: bool>(
                 for l in (0..BS).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast());
                 }
-                let d = _mm512_cvtph_ps(_mm256_set1_epi16(
-                    blk.add(208).cast::<i16>().read_unaligned(),
-                ));
-                let sw = _mm512_mul_ps(
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(192).cast()))),
-                    d,
-                );
+                let (sw, w) = q6k_block(blk);
                 off[t] = _mm512_fmadd_ps(sw, s16, off[t]);
                 let s = _mm512_mul_ps(sw, dxh);
-                for n in 0..2 {
-                    let a = _mm512_loadu_si512(blk.add(64 * n).cast());
-                    // qh twice, the copy for ql bytes 32-63 shifted right
-                    // by 2: bits 0-1 (4-5) then give ql bytes 0-31 (32-63)
-                    // their fifth and sixth bits for the low (high)
-                    // nibbles.
-                    let h =
-                        _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(128 + 32 * n).cast()));
-                    let h = _mm512_mask_srli_epi16::<2>(h, UPPER, h);
-                    let w = [
-                        _mm512_or_si512(
-                            _mm512_and_si512(a, nib),
-                            _mm512_and_si512(_mm512_slli_epi16::<4>(h), m30),
-                        ),
-                        _mm512_or_si512(
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(a), nib),
-                            _mm512_and_si512(h, m30),
-                        ),
-                    ];
-                    for (i, wi) in w.into_iter().enumerate() {
-                        let m = 2 * n + i;
-                        let p = dot64::<LO>(wi, qx, lo, 256 * b + 64 * m);
-                        acc[t] =
-                            _mm512_fmadd_ps(p, _mm512_permutexvar_ps(lanes(&T.half[m]), s), acc[t]);
-                    }
+                for (m, &wm) in w.iter().enumerate() {
+                    let p = dot64::<LO>(wm, qx, lo, 256 * b + 64 * m);
+                    acc[t] =
+                        _mm512_fmadd_ps(p, _mm512_permutexvar_ps(lanes(&T.half[m]), s), acc[t]);
                 }
             }
         }

@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use super::super::kernels::x86::hsum;
 use super::zmm::lanes;
-use super::zmm_k::{T, UPPER};
+use super::zmm_k::{q4k_block, q6k_block, T};
 use super::zmm_rows::{PackedActs, K_UNIT};
 
 /// The integer dot products of `w` with the 64 levels at `at + off` (and
@@ -55,10 +55,9 @@ pub unsafe fn q4k_rows<const Q5: bool, const LO: bool, const M: usize>(
     res: &mut [[f32; M]],
 ) {
     let nb = a.k() / 256;
-    let (bs, qs_at) = if Q5 { (176, 48) } else { (144, 16) };
+    let bs = if Q5 { 176 } else { 144 };
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(a.rows() == M && a.k().is_multiple_of(256));
-    let (nib, b16) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x10));
     let (even, odd) = (lanes(&T.even), lanes(&T.odd));
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
         let mut acc = [_mm512_setzero_ps(); M];
@@ -73,52 +72,7 @@ pub unsafe fn q4k_rows<const Q5: bool, const LO: bool, const M: usize>(
                 for l in (0..bs).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast());
                 }
-                let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(blk.cast::<i32>().read_unaligned()));
-                let u = |i: usize| blk.add(4 + 4 * i).cast::<u32>().read_unaligned();
-                let (u0, u1, u2) = (u(0), u(1), u(2));
-                let (k1, k2, k3) = (0x3f3f_3f3f_u32, 0x0f0f_0f0f_u32, 0x0303_0303_u32);
-                let sm = _mm_set_epi32(
-                    (((u2 >> 4) & k2) | (((u1 >> 6) & k3) << 4)) as i32,
-                    (u1 & k1) as i32,
-                    ((u2 & k2) | (((u0 >> 6) & k3) << 4)) as i32,
-                    (u0 & k1) as i32,
-                );
-                let smf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm));
-                let d = _mm256_broadcastss_ps(dd);
-                let dmin =
-                    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), _mm256_set1_epi32(1));
-                let scw = _mm256_mul_ps(_mm512_castps512_ps256(smf), d);
-                let mins = _mm256_mul_ps(
-                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(smf))),
-                    dmin,
-                );
-                let h = if Q5 {
-                    let h = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(16).cast()));
-                    _mm512_mask_srli_epi16::<1>(h, UPPER, h)
-                } else {
-                    _mm512_setzero_si512()
-                };
-                let w: [__m512i; 4] = std::array::from_fn(|j| {
-                    let q = _mm256_loadu_si256(blk.add(qs_at + 32 * j).cast());
-                    let w = _mm512_and_si512(
-                        _mm512_inserti64x4::<1>(
-                            _mm512_castsi256_si512(q),
-                            _mm256_srli_epi16::<4>(q),
-                        ),
-                        nib,
-                    );
-                    if Q5 {
-                        let at4 = match j {
-                            0 => _mm512_slli_epi16::<4>(h),
-                            1 => _mm512_slli_epi16::<2>(h),
-                            2 => h,
-                            _ => _mm512_srli_epi16::<2>(h),
-                        };
-                        _mm512_or_si512(w, _mm512_and_si512(at4, b16))
-                    } else {
-                        w
-                    }
-                });
+                let (scw, mins, w) = q4k_block::<Q5>(blk);
                 let u = a.base().add(b * M * K_UNIT);
                 for r in 0..M {
                     let at = u.add(r * K_UNIT);
@@ -161,7 +115,6 @@ pub unsafe fn q6k_rows<const LO: bool, const M: usize>(
     let nb = a.k() / 256;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * BS));
     debug_assert!(a.rows() == M && a.k().is_multiple_of(256));
-    let (nib, m30) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
     let by_half = lanes(&T.by_half);
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
         let mut acc = [_mm512_setzero_ps(); M];
@@ -176,29 +129,7 @@ pub unsafe fn q6k_rows<const LO: bool, const M: usize>(
                 for l in (0..BS).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast());
                 }
-                let d = _mm512_cvtph_ps(_mm256_set1_epi16(
-                    blk.add(208).cast::<i16>().read_unaligned(),
-                ));
-                let sw = _mm512_mul_ps(
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(192).cast()))),
-                    d,
-                );
-                // The four 64-weight vectors in `zmm_k::q6k`'s order (m = 2n + i).
-                let mut w = [_mm512_setzero_si512(); 4];
-                for n in 0..2 {
-                    let a = _mm512_loadu_si512(blk.add(64 * n).cast());
-                    let h =
-                        _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(128 + 32 * n).cast()));
-                    let h = _mm512_mask_srli_epi16::<2>(h, UPPER, h);
-                    w[2 * n] = _mm512_or_si512(
-                        _mm512_and_si512(a, nib),
-                        _mm512_and_si512(_mm512_slli_epi16::<4>(h), m30),
-                    );
-                    w[2 * n + 1] = _mm512_or_si512(
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(a), nib),
-                        _mm512_and_si512(h, m30),
-                    );
-                }
+                let (sw, w) = q6k_block(blk);
                 let u = a.base().add(b * M * K_UNIT);
                 for r in 0..M {
                     let at = u.add(r * K_UNIT);

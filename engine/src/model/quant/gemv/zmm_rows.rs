@@ -38,7 +38,7 @@ use std::arch::x86_64::*;
 use model_loader::QuantType;
 
 use super::super::act::QuantizedActs;
-use super::zmm::{first, words, HIGH, Q4_IDX, Q8_SIDX};
+use super::zmm::{q4_pair, q8_pair, Q4Pair};
 
 /// Most activation rows one kernel call takes (its `2 m` accumulators stay
 /// in registers); more rows are packed in several chunks.
@@ -194,47 +194,22 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
     res: &mut [[f32; M]],
 ) {
     let bs = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
-    let qh_at = if MIN { 4 } else { 2 };
     let nb = a.k / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(a.m == M && a.unit == PAIR_UNIT);
-    let idx = &Q4_IDX[(bs - 18) / 2];
-    let (qidx, sidx) = (words(&idx[0]), words(&idx[1]));
-    let (nib, b16) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(16));
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
         let mut acc = [_mm512_setzero_ps(); M];
         let mut off = [_mm512_setzero_ps(); M];
         let mut c = 0;
         while c < nb {
             let two = c + 1 < nb;
-            let kw = first(if two { 2 * bs } else { bs });
-            // SAFETY: blocks c (and c + 1 when `two`) exist in `row` and in
-            // every activation row, their pair vectors at 8 c (16 lanes);
-            // the weight and level loads are masked to the blocks present; a
-            // prefetch never faults (wrapping address).
+            // SAFETY: blocks c (and c + 1 when `two`) exist in `row` and
+            // in every packed row, at unit c / 2; a prefetch never faults
+            // (wrapping address).
             unsafe {
                 let p = row.as_ptr().add(c * bs);
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
-                let raw = _mm512_maskz_loadu_epi8(kw, p.cast());
-                let qs = _mm512_permutexvar_epi16(qidx, raw);
-                let mut w = _mm512_and_si512(_mm512_mask_srli_epi16::<4>(qs, HIGH, qs), nib);
-                if FIVE {
-                    let h0 = p.add(qh_at).cast::<u32>().read_unaligned();
-                    let h1 = if two {
-                        p.add(bs + qh_at).cast::<u32>().read_unaligned()
-                    } else {
-                        0
-                    };
-                    let k = u64::from(h0) | (u64::from(h1) << 32);
-                    w = _mm512_mask_add_epi8(w, k, w, b16);
-                }
-                let sc = _mm512_permutexvar_epi16(sidx, raw);
-                let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(sc));
-                let o = if MIN {
-                    _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(sc))
-                } else {
-                    dw
-                };
+                let Q4Pair { w, dw, o } = q4_pair::<MIN, FIVE>(p, two, bs);
                 let u = a.base().add(c / 2 * M * PAIR_UNIT);
                 for r in 0..M {
                     let at = u.add(r * PAIR_UNIT);
@@ -287,34 +262,18 @@ pub unsafe fn q8_rows<const LO: bool, const M: usize>(
     let nb = a.k / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * BS));
     debug_assert!(a.m == M && a.unit == PAIR_UNIT);
-    let sidx = words(&Q8_SIDX);
-    let flip = _mm512_set1_epi8(-128);
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
         let mut acc = [_mm512_setzero_ps(); M];
         let mut c = 0;
         while c < nb {
             let two = c + 1 < nb;
-            let (k1, kd) = if two {
-                (u32::MAX, first(2 * BS))
-            } else {
-                (0, first(2))
-            };
-            // SAFETY: as in `q4_rows`, with 34-byte blocks: the loads of block
-            // c + 1's bytes are masked off when it is absent.
+            // SAFETY: as in `q4_rows`, with 34-byte blocks.
             unsafe {
                 let p = row.as_ptr().add(c * BS);
                 let ahead = p.wrapping_add(pf);
                 _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
-                let w0 = _mm256_loadu_si256(p.add(2).cast());
-                let w1 = _mm256_maskz_loadu_epi8(k1, p.add(BS + 2).cast());
-                let w = _mm512_xor_si512(
-                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1),
-                    flip,
-                );
-                let raw = _mm512_maskz_loadu_epi8(kd, p.cast());
-                let dw =
-                    _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(sidx, raw)));
+                let (w, dw) = q8_pair(p, two);
                 let u = a.base().add(c / 2 * M * PAIR_UNIT);
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let at = u.add(r * PAIR_UNIT);
