@@ -303,7 +303,18 @@ pub unsafe fn q4<const MIN: bool, const FIVE: bool, const LO: bool>(
         }
         c += 2;
     }
-    // Each 16-sum met its block's offset in four lanes.
+    for t in 0..NR {
+        res[t] = q4_finish::<MIN, FIVE>(acc[t], off[t]);
+    }
+}
+
+/// A 4/5-bit row's dot product from its accumulators: the scaled products
+/// plus the offsets, whose lanes each met a 16-sum of their block (four
+/// lanes per 16-sum) with `m` (`MIN`) or `d` (then `-16 d` for `Q5_0`,
+/// `-8 d` for `Q4_0`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn q4_finish<const MIN: bool, const FIVE: bool>(acc: __m512, off: __m512) -> f32 {
     let o = 0.25
         * if MIN {
             1.0
@@ -312,9 +323,7 @@ pub unsafe fn q4<const MIN: bool, const FIVE: bool, const LO: bool>(
         } else {
             -8.0
         };
-    for t in 0..NR {
-        res[t] = _mm512_reduce_add_ps(acc[t]) + o * _mm512_reduce_add_ps(off[t]);
-    }
+    _mm512_reduce_add_ps(acc) + o * _mm512_reduce_add_ps(off)
 }
 
 /// `Q8_0` rows (34-byte blocks: d, 32 signed levels) against one

@@ -38,7 +38,7 @@ use std::arch::x86_64::*;
 use model_loader::QuantType;
 
 use super::super::act::QuantizedActs;
-use super::zmm::{q4_pair, q8_pair, Q4Pair};
+use super::zmm::{q4_finish, q4_pair, q8_pair, Q4Pair};
 
 /// Most activation rows one kernel call takes (its `2 m` accumulators stay
 /// in registers); more rows are packed in several chunks.
@@ -230,17 +230,8 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
             }
             c += 2;
         }
-        // As in `zmm::q4`: each 16-sum met its block's offset in four lanes.
-        let o = 0.25
-            * if MIN {
-                1.0
-            } else if FIVE {
-                -16.0
-            } else {
-                -8.0
-            };
         for r in 0..M {
-            res[r] = _mm512_reduce_add_ps(acc[r]) + o * _mm512_reduce_add_ps(off[r]);
+            res[r] = q4_finish::<MIN, FIVE>(acc[r], off[r]);
         }
     }
 }
