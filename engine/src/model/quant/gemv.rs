@@ -251,9 +251,10 @@ pub fn dot_rows_many(
             // `w.ty` blocks inside `w.bytes`; `a` packs `k = w.cols` values
             // of each of its activation rows for `w.ty` (with residuals
             // when `lo`).
+            // (Chunks hold 2 to 8 rows: `ManyRows::new` takes m >= 2 and
+            // splits above 8 into even halves.)
             unsafe {
                 match a.rows() {
-                    1 => many_rows::<1>(w.ty, many.lo, rows, pf, a, &mut out),
                     2 => many_rows::<2>(w.ty, many.lo, rows, pf, a, &mut out),
                     3 => many_rows::<3>(w.ty, many.lo, rows, pf, a, &mut out),
                     4 => many_rows::<4>(w.ty, many.lo, rows, pf, a, &mut out),
