@@ -13,30 +13,7 @@ use std::arch::x86_64::*;
 use super::super::kernels::x86::hsum;
 use super::zmm::lanes;
 use super::zmm_k::{q4k_block, q6k_block, T};
-use super::zmm_rows::{PackedActs, K_UNIT};
-
-/// The integer dot products of `w` with the 64 levels at `at + off` (and
-/// the residuals 256 bytes on), as [`super::zmm_k`]'s `dot64`.
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW/VNNI; `at` is a row's unit of [`PackedActs`]
-/// and `off + 64 <= 256`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn dot64<const LO: bool>(w: __m512i, at: *const u8, off: usize) -> __m512 {
-    // SAFETY: the contract: both 64-byte loads lie in the unit.
-    unsafe {
-        let x = _mm512_load_si512(at.add(off).cast());
-        let hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
-        let p = if LO {
-            let xl = _mm512_load_si512(at.add(256 + off).cast());
-            _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(hi), w, xl)
-        } else {
-            hi
-        };
-        _mm512_cvtepi32_ps(p)
-    }
-}
+use super::zmm_rows::{packed_dot, PackedActs, K_UNIT};
 
 /// `Q4_K` (or, with `Q5`, `Q5_K`) against the `M` rows of `a`, each the
 /// same bits as [`super::zmm_k::q4k`] gives it.
@@ -85,7 +62,7 @@ pub unsafe fn q4k_rows<const Q5: bool, const LO: bool, const M: usize>(
                     let sc = _mm512_castps256_ps512(_mm256_mul_ps(scw, dxb));
                     off[r] = _mm256_fmadd_ps(mins, ssub, off[r]);
                     for (j, &wj) in w.iter().enumerate() {
-                        let p = dot64::<LO>(wj, at, 64 * j);
+                        let p = _mm512_cvtepi32_ps(packed_dot::<LO>(wj, at.add(64 * j), 256));
                         let s = _mm512_permutexvar_ps(lanes(&T.pair[j]), sc);
                         acc[r] = _mm512_fmadd_ps(p, s, acc[r]);
                     }
@@ -141,7 +118,7 @@ pub unsafe fn q6k_rows<const LO: bool, const M: usize>(
                     off[r] = _mm512_fmadd_ps(sw, s16, off[r]);
                     let s = _mm512_mul_ps(sw, dxh);
                     for (m, &wm) in w.iter().enumerate() {
-                        let p = dot64::<LO>(wm, at, 64 * m);
+                        let p = _mm512_cvtepi32_ps(packed_dot::<LO>(wm, at.add(64 * m), 256));
                         acc[r] =
                             _mm512_fmadd_ps(p, _mm512_permutexvar_ps(lanes(&T.half[m]), s), acc[r]);
                     }

@@ -176,6 +176,33 @@ impl PackedActs {
     }
 }
 
+/// `(dot(w, q) << 8) + dot(w, lo)` (`LO`; else `dot(w, q)`) in 16 i32
+/// lanes of four products each, for the 64 levels at `at` and their
+/// residuals `lo_at` bytes on: the one-row kernels' integer products, on
+/// packed activations.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI; `at` and, with `LO`, `at + lo_at` are
+/// 64-byte aligned and hold 64 readable bytes (a unit of [`PackedActs`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(super) unsafe fn packed_dot<const LO: bool>(
+    w: __m512i,
+    at: *const u8,
+    lo_at: usize,
+) -> __m512i {
+    // SAFETY: the contract.
+    unsafe {
+        let hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_load_si512(at.cast()));
+        if LO {
+            let xl = _mm512_load_si512(at.add(lo_at).cast());
+            _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(hi), w, xl)
+        } else {
+            hi
+        }
+    }
+}
+
 /// `Q4_0`, `Q4_1` (`MIN`), `Q5_0` (`FIVE`) or `Q5_1` (both): `res[t][r] =
 /// dot(rows[t], activation row r)` for the `M` rows packed in `a`, each the
 /// same bits as [`super::zmm::q4`] gives it.
@@ -213,14 +240,7 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
                 let u = a.base().add(c / 2 * M * PAIR_UNIT);
                 for r in 0..M {
                     let at = u.add(r * PAIR_UNIT);
-                    let x = _mm512_load_si512(at.cast());
-                    let hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
-                    let prod = if LO {
-                        let xl = _mm512_load_si512(at.add(64).cast());
-                        _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(hi), w, xl)
-                    } else {
-                        hi
-                    };
+                    let prod = packed_dot::<LO>(w, at, 64);
                     let d = _mm512_load_ps(at.add(128).cast());
                     let s = _mm512_load_ps(at.add(192).cast());
                     acc[r] =
@@ -268,14 +288,7 @@ pub unsafe fn q8_rows<const LO: bool, const M: usize>(
                 let u = a.base().add(c / 2 * M * PAIR_UNIT);
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let at = u.add(r * PAIR_UNIT);
-                    let x = _mm512_load_si512(at.cast());
-                    let hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
-                    let prod = if LO {
-                        let xl = _mm512_load_si512(at.add(64).cast());
-                        _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(hi), w, xl)
-                    } else {
-                        hi
-                    };
+                    let prod = packed_dot::<LO>(w, at, 64);
                     let corr = _mm512_load_si512(at.add(192).cast());
                     let prod = _mm512_sub_epi32(prod, corr);
                     let d = _mm512_load_ps(at.add(128).cast());
