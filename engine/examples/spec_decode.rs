@@ -70,6 +70,8 @@ fn prompt(tok: &Tokenizer, text: &str) -> Vec<u32> {
 
 struct Run {
     tok_s: f64,
+    /// Milliseconds per timed step.
+    step_ms: f64,
     tokens: Vec<Vec<u32>>,
     stats: engine::scheduler::SpecStats,
 }
@@ -120,7 +122,9 @@ fn run(
     }
     let before: usize = out.values().map(Vec::len).sum();
     let start = Instant::now();
+    let mut steps = 0usize;
     while eng.has_unfinished() {
+        steps += 1;
         let o = eng.step();
         absorb(o, &mut out);
     }
@@ -128,6 +132,7 @@ fn run(
     let after: usize = out.values().map(Vec::len).sum();
     Ok(Run {
         tok_s: (after - before) as f64 / secs,
+        step_ms: 1e3 * secs / steps.max(1) as f64,
         tokens: (0..prompts.len())
             .map(|i| out.remove(&RequestId(i as u64)).unwrap_or_default())
             .collect(),
@@ -178,8 +183,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         path.display(),
         engine::model::quant::Isa::best()
     );
-    println!("| workload | batch | plain tok/s | ngram tok/s | speedup | adaptive tok/s | speedup | acceptance | mean accepted / draft | outputs differing |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| workload | batch | plain tok/s | ngram tok/s | speedup | adaptive tok/s | speedup | acceptance | mean accepted / draft | ms / step plain, ngram | outputs differing |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let adaptive = SpecConfig {
         adaptive: true,
         ..spec.clone()
@@ -205,6 +210,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut reference: Option<Vec<Vec<u32>>> = None;
         let mut stats = engine::scheduler::SpecStats::default();
         let mut differ = 0;
+        let mut step_ms = [0.0f64; 2];
         for _ in 0..2 {
             for mode in 0..3 {
                 let cfg = [None, Some(spec.clone()), Some(adaptive.clone())][mode].clone();
@@ -220,9 +226,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     }
                 }
                 match mode {
-                    0 => plain.push(r.tok_s),
+                    0 => {
+                        plain.push(r.tok_s);
+                        step_ms[0] += r.step_ms / 2.0;
+                    }
                     1 => {
                         fast.push(r.tok_s);
+                        step_ms[1] += r.step_ms / 2.0;
                         stats = r.stats;
                     }
                     _ => adapt.push(r.tok_s),
@@ -232,7 +242,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let (p, f, a) = (mean(&plain), mean(&fast), mean(&adapt));
         println!(
-            "| {name} | {} | {p:.1} ({:.1}, {:.1}) | {f:.1} ({:.1}, {:.1}) | {:.2}x | {a:.1} ({:.1}, {:.1}) | {:.2}x | {:.1}% | {:.2} | {differ} |",
+            "| {name} | {} | {p:.1} ({:.1}, {:.1}) | {f:.1} ({:.1}, {:.1}) | {:.2}x | {a:.1} ({:.1}, {:.1}) | {:.2}x | {:.1}% | {:.2} | {:.1}, {:.1} | {differ} |",
             prompts.len(),
             plain[0],
             plain[1],
@@ -244,6 +254,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             a / p,
             100.0 * stats.accepted_tokens as f64 / stats.draft_tokens.max(1) as f64,
             stats.accepted_tokens as f64 / stats.drafts.max(1) as f64,
+            step_ms[0],
+            step_ms[1],
         );
     }
     Ok(())

@@ -51,18 +51,24 @@ impl Sampler {
     /// maximum, its first index, the log-sum-exp.
     pub fn greedy(&self, row: &[f32]) -> Sampled {
         let max = max_ignoring_nan(row);
-        let Some(token) = row.iter().position(|&v| v == max) else {
+        match first_index_of(row, max) {
+            Some(token) => Sampled {
+                token,
+                logprob: max - log_sum_exp(row, max),
+            },
             // Only NaN.
-            return Sampled {
+            None => Sampled {
                 token: 0,
                 logprob: f32::NAN,
-            };
-        };
-        Sampled {
-            token: token as u32,
-            logprob: max - log_sum_exp(row, max),
+            },
         }
     }
+}
+
+/// The first index holding `max` (the argmax given the row's maximum);
+/// `None` when the row is only NaN.
+fn first_index_of(row: &[f32], max: f32) -> Option<u32> {
+    row.iter().position(|&v| v == max).map(|i| i as u32)
 }
 
 /// The largest non-NaN value (`-inf` when there is none). Eight lanes so

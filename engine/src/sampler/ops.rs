@@ -20,7 +20,7 @@
 //! K top-k keeps).
 
 use super::params::SamplingParams;
-use super::{log_sum_exp, max_ignoring_nan, Sampler};
+use super::{first_index_of, log_sum_exp, max_ignoring_nan, Sampler};
 use gpu_kernels::philox;
 use gpu_kernels::sampling::{exp_poly, order_key, race_score};
 use std::cmp::Ordering;
@@ -92,7 +92,8 @@ pub fn sample_row(row: &[f32], ctx: &SeqContext<'_>) -> SampleOut {
     let lse = log_sum_exp(row, max);
     let suppress = ctx.output_len() < p.min_tokens && !ctx.stop_ids.is_empty();
     let token = if p.is_greedy() && !p.has_penalties() && !suppress {
-        Sampler.greedy(row).token
+        // The maximum and log-sum-exp are known: one more pass, not three.
+        first_index_of(row, max).unwrap_or(0)
     } else {
         let mut logits = row.to_vec();
         apply_penalties(&mut logits, ctx.tokens, ctx.prompt_len, p);
