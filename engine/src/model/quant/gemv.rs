@@ -28,6 +28,8 @@ use super::act::QuantizedActs;
 #[cfg(target_arch = "x86_64")]
 use super::gemv_k;
 #[cfg(target_arch = "x86_64")]
+mod ymm_rows;
+#[cfg(target_arch = "x86_64")]
 mod zmm;
 #[cfg(target_arch = "x86_64")]
 mod zmm_k;
@@ -179,31 +181,70 @@ pub fn dot_rows(
 
 /// Activation rows prepared for [`dot_rows_many`]: packed once per product
 /// where the ISA has kernels that decode each weight block once for several
-/// activation rows (AVX-512 VNNI: [`zmm_rows`], [`zmm_k_rows`]).
+/// activation rows (AVX-512 VNNI: [`zmm_rows`], [`zmm_k_rows`]; AVX2, the
+/// 32-block types: [`ymm_rows`]).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct ManyRows {
-    /// The rows in chunks of at most 8, as even as they come (9 rows: 5
-    /// and 4), each packed with its first row.
+    /// The rows in chunks of at most the kernels' `MAX_ROWS`, as even as
+    /// they come (9 rows on AVX-512: 5 and 4), each with its first row.
     #[cfg(target_arch = "x86_64")]
-    chunks: Vec<(usize, zmm_rows::PackedActs)>,
+    chunks: Vec<(usize, Packed)>,
     lo: bool,
 }
 
+/// One chunk of rows packed for one kernel family.
+#[cfg(target_arch = "x86_64")]
+enum Packed {
+    Zmm(zmm_rows::PackedActs),
+    Ymm(ymm_rows::YmmActs),
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Packed {
+    fn rows(&self) -> usize {
+        match self {
+            Self::Zmm(a) => a.rows(),
+            Self::Ymm(a) => a.rows(),
+        }
+    }
+
+    fn k(&self) -> usize {
+        match self {
+            Self::Zmm(a) => a.k(),
+            Self::Ymm(a) => a.k(),
+        }
+    }
+}
+
 impl ManyRows {
-    /// `Some` when `act`'s rows (2 to [`MANY_MAX_M`]) can go through
-    /// [`dot_rows_many`] for `ty` under `isa`.
+    /// `Some` when `act`'s rows (2 to [`MANY_MAX_M`] on AVX-512 VNNI, to
+    /// [`ymm_rows::MANY_MAX_M`] on AVX2) can go through [`dot_rows_many`]
+    /// for `ty` under `isa`.
     pub fn new(isa: Isa, ty: QuantType, act: &QuantizedActs) -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
         {
-            let zmm = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni && zmm::available();
-            if !zmm || !supported(isa, ty) || !(2..=MANY_MAX_M).contains(&act.m) {
+            if !supported(isa, ty) || !(2..=MANY_MAX_M).contains(&act.m) {
                 return None;
             }
-            let n = act.m.div_ceil(zmm_rows::MAX_ROWS);
+            let zmm = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni && zmm::available();
+            if !zmm && act.m > ymm_rows::MANY_MAX_M {
+                return None;
+            }
+            let most = if zmm {
+                zmm_rows::MAX_ROWS
+            } else {
+                ymm_rows::MAX_ROWS
+            };
+            let n = act.m.div_ceil(most);
             let chunks = (0..n)
                 .map(|c| {
                     let (r0, r1) = (c * act.m / n, (c + 1) * act.m / n);
-                    Some((r0, zmm_rows::PackedActs::new(act, r0..r1, ty)?))
+                    let packed = if zmm {
+                        Packed::Zmm(zmm_rows::PackedActs::new(act, r0..r1, ty)?)
+                    } else {
+                        Packed::Ymm(ymm_rows::YmmActs::new(act, r0..r1, ty)?)
+                    };
+                    Some((r0, packed))
                 })
                 .collect::<Option<Vec<_>>>()?;
             Some(Self {
@@ -247,21 +288,26 @@ pub fn dot_rows_many(
         for (r0, a) in &many.chunks {
             assert_eq!(a.k(), w.cols, "dot_rows_many: shapes");
             // SAFETY: `ManyRows::new` found the CPU features the kernels
-            // need and a supported type; each of `rows` is one whole row of
-            // `w.ty` blocks inside `w.bytes`; `a` packs `k = w.cols` values
-            // of each of its activation rows for `w.ty` (with residuals
-            // when `lo`).
-            // (Chunks hold 2 to 8 rows: `ManyRows::new` takes m >= 2 and
-            // splits above 8 into even halves.)
+            // need (AVX-512 VNNI for `Zmm`; `supported`'s AVX2, FMA, F16C
+            // for `Ymm`) and a supported type; each of `rows` is one whole
+            // row of `w.ty` blocks inside `w.bytes`; `a` packs `k = w.cols`
+            // values of each of its activation rows for `w.ty` (with
+            // residuals when `lo`). (Chunks hold 2 to `MAX_ROWS` rows:
+            // `ManyRows::new` takes m >= 2 and splits evenly.)
             unsafe {
-                match a.rows() {
-                    2 => many_rows::<2>(w.ty, many.lo, rows, pf, a, &mut out),
-                    3 => many_rows::<3>(w.ty, many.lo, rows, pf, a, &mut out),
-                    4 => many_rows::<4>(w.ty, many.lo, rows, pf, a, &mut out),
-                    5 => many_rows::<5>(w.ty, many.lo, rows, pf, a, &mut out),
-                    6 => many_rows::<6>(w.ty, many.lo, rows, pf, a, &mut out),
-                    7 => many_rows::<7>(w.ty, many.lo, rows, pf, a, &mut out),
-                    _ => many_rows::<8>(w.ty, many.lo, rows, pf, a, &mut out),
+                match (a, a.rows()) {
+                    (Packed::Zmm(a), 2) => many_rows::<2>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), 3) => many_rows::<3>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), 4) => many_rows::<4>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), 5) => many_rows::<5>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), 6) => many_rows::<6>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), 7) => many_rows::<7>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), _) => many_rows::<8>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Ymm(a), 2) => ymm_many::<2>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Ymm(a), 3) => ymm_many::<3>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Ymm(a), 4) => ymm_many::<4>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Ymm(a), 5) => ymm_many::<5>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Ymm(a), _) => ymm_many::<6>(w.ty, many.lo, rows, pf, a, &mut out),
                 }
             }
             for (t, vals) in out.iter().enumerate().take(nr) {
@@ -275,6 +321,49 @@ pub fn dot_rows_many(
     {
         let _ = (w, many, res);
         unreachable!("ManyRows is built only on x86_64");
+    }
+}
+
+/// [`many_rows`] for the AVX2 kernels of [`ymm_rows`].
+///
+/// # Safety
+/// As for [`ymm_rows::q4_rows`]; `a` packs exactly `M` rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn ymm_many<const M: usize>(
+    ty: QuantType,
+    lo: bool,
+    rows: &[&[u8]],
+    pf: usize,
+    a: &ymm_rows::YmmActs,
+    out: &mut [[f32; zmm_rows::MAX_ROWS]; NR],
+) {
+    use ymm_rows::{q4_rows, q8_rows};
+    assert_eq!(a.rows(), M, "ymm_many: packed rows");
+    let mut res = [[0f32; M]; NR];
+    let res = &mut res[..rows.len()];
+    macro_rules! by_lo {
+        ($f:ident $(, $g:literal)*) => {
+            if lo {
+                $f::<$($g,)* true, M>(rows, pf, a, res)
+            } else {
+                $f::<$($g,)* false, M>(rows, pf, a, res)
+            }
+        };
+    }
+    // SAFETY: the caller's contract is each kernel's.
+    unsafe {
+        match ty {
+            QuantType::Q4_0 => by_lo!(q4_rows, false, false),
+            QuantType::Q4_1 => by_lo!(q4_rows, true, false),
+            QuantType::Q5_0 => by_lo!(q4_rows, false, true),
+            QuantType::Q5_1 => by_lo!(q4_rows, true, true),
+            QuantType::Q8_0 => by_lo!(q8_rows),
+            other => unreachable!("no AVX2 many-row kernel for {other:?}"),
+        }
+    }
+    for (o, r) in out.iter_mut().zip(res.iter()) {
+        o[..M].copy_from_slice(r);
     }
 }
 
@@ -334,12 +423,58 @@ mod x86 {
     use super::zmm::PF_GROUPS;
     use super::NR;
 
+    /// Bytes of a `Q4_0`, `Q4_1` (`MIN`), `Q5_0` (`FIVE`) or `Q5_1` block:
+    /// d (f16), [m (f16)], [qh (u32)], qs[16].
+    pub(super) const fn q4_block_bytes<const MIN: bool, const FIVE: bool>() -> usize {
+        18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 }
+    }
+
+    /// The 32 levels of the 4-bit (or, `FIVE`, 5-bit) block of `bs` bytes
+    /// at `p`, one per byte in order: 0..=15, or 0..=31 with the fifth bit
+    /// from `qh`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `p` holds `bs` readable bytes, the block's layout.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn q4_levels<const FIVE: bool>(p: *const u8, bs: usize) -> __m256i {
+        // SAFETY: qs is the block's last 16 bytes, qh the 4 before (the
+        // contract).
+        unsafe {
+            let qs = _mm_loadu_si128(p.add(bs - 16).cast());
+            let w = _mm256_and_si256(
+                _mm256_set_m128i(_mm_srli_epi16::<4>(qs), qs),
+                _mm256_set1_epi8(0x0f),
+            );
+            if !FIVE {
+                return w;
+            }
+            // Byte i of the expanded qh: its bit i (llama.cpp's
+            // bytes_from_bits_32).
+            let shuf = _mm256_set_epi64x(
+                0x0303030303030303,
+                0x0202020202020202,
+                0x0101010101010101,
+                0,
+            );
+            let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+            let qh = p.add(bs - 20).cast::<i32>().read_unaligned();
+            let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), shuf);
+            let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1));
+            _mm256_or_si256(w, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+        }
+    }
+
     /// `256 dot(w, x) + dot(w, xl)` in 8 i32 lanes (sums of 4 products):
     /// the `vpmaddwd` by 256 does the shift. The i16 pair sums of
     /// `vpmaddubsw` stay below 2 * 128 * 127 (no saturation).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot_two_avx2<const SIGNED: bool>(w: __m256i, x: __m256i, xl: __m256i) -> __m256i {
+    pub(super) unsafe fn dot_two_avx2<const SIGNED: bool>(
+        w: __m256i,
+        x: __m256i,
+        xl: __m256i,
+    ) -> __m256i {
         let (u, x, xl) = if SIGNED {
             (
                 _mm256_sign_epi8(w, w),
@@ -373,22 +508,10 @@ mod x86 {
                 sx: &[f32],
                 res: &mut [f32; NR],
             ) {
-                // d (f16), [m (f16)], [qh (u32)], qs[16].
-                let bs = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
-                // Byte i of the expanded qh: its bit i (llama.cpp's
-                // bytes_from_bits_32).
-                let shuf = _mm256_set_epi64x(
-                    0x0303030303030303,
-                    0x0202020202020202,
-                    0x0101010101010101,
-                    0,
-                );
-                let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
-                let (all, b4) = (_mm256_set1_epi64x(-1), _mm256_set1_epi8(0x10));
+                let bs = q4_block_bytes::<MIN, FIVE>();
                 let nb = qx.len() / 32;
                 debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
                 debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb);
-                let mask = _mm256_set1_epi8(0x0f);
                 // Prefetch distance: PF_GROUPS groups of NR rows.
                 let pf = PF_GROUPS * NR * nb * bs;
                 let mut acc = [_mm256_setzero_ps(); NR];
@@ -424,17 +547,7 @@ mod x86 {
                             if c % 2 == 0 {
                                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
                             }
-                            let qs = _mm_loadu_si128(p.add(bs - 16).cast());
-                            let mut w = _mm256_and_si256(
-                                _mm256_set_m128i(_mm_srli_epi16::<4>(qs), qs),
-                                mask,
-                            );
-                            if FIVE {
-                                let qh = p.add(bs - 20).cast::<i32>().read_unaligned();
-                                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), shuf);
-                                let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), all);
-                                w = _mm256_or_si256(w, _mm256_and_si256(set, b4));
-                            }
+                            let w = q4_levels::<FIVE>(p, bs);
                             let p = if LO {
                                 dot_two_avx2::<false>(w, x, xl)
                             } else {
