@@ -28,6 +28,8 @@ use super::act::QuantizedActs;
 #[cfg(target_arch = "x86_64")]
 use super::gemv_k;
 #[cfg(target_arch = "x86_64")]
+mod ymm_k_rows;
+#[cfg(target_arch = "x86_64")]
 mod ymm_rows;
 #[cfg(target_arch = "x86_64")]
 mod zmm;
@@ -181,8 +183,8 @@ pub fn dot_rows(
 
 /// Activation rows prepared for [`dot_rows_many`]: packed once per product
 /// where the ISA has kernels that decode each weight block once for several
-/// activation rows (AVX-512 VNNI: [`zmm_rows`], [`zmm_k_rows`]; AVX2, the
-/// 32-block types: [`ymm_rows`]).
+/// activation rows (AVX-512 VNNI: [`zmm_rows`], [`zmm_k_rows`]; AVX2:
+/// [`ymm_rows`], [`ymm_k_rows`]).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct ManyRows {
     /// The rows in chunks of at most the kernels' `MAX_ROWS`, as even as
@@ -218,7 +220,7 @@ impl Packed {
 
 impl ManyRows {
     /// `Some` when `act`'s rows (2 to [`MANY_MAX_M`] on AVX-512 VNNI, to
-    /// [`ymm_rows::MANY_MAX_M`] on AVX2) can go through [`dot_rows_many`]
+    /// [`ymm_rows::most_rows`] on AVX2) can go through [`dot_rows_many`]
     /// for `ty` under `isa`.
     pub fn new(isa: Isa, ty: QuantType, act: &QuantizedActs) -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
@@ -227,7 +229,7 @@ impl ManyRows {
                 return None;
             }
             let zmm = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni && zmm::available();
-            if !zmm && act.m > ymm_rows::MANY_MAX_M {
+            if !zmm && act.m > ymm_rows::most_rows(ty) {
                 return None;
             }
             let most = if zmm {
@@ -327,7 +329,8 @@ pub fn dot_rows_many(
 /// [`many_rows`] for the AVX2 kernels of [`ymm_rows`].
 ///
 /// # Safety
-/// As for [`ymm_rows::q4_rows`]; `a` packs exactly `M` rows.
+/// As for [`ymm_rows::q4_rows`] (and the K-quant kernels of
+/// [`ymm_k_rows`]); `a` packs exactly `M` rows for `ty`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn ymm_many<const M: usize>(
@@ -338,6 +341,7 @@ unsafe fn ymm_many<const M: usize>(
     a: &ymm_rows::YmmActs,
     out: &mut [[f32; zmm_rows::MAX_ROWS]; NR],
 ) {
+    use ymm_k_rows::{q4k_rows, q6k_rows};
     use ymm_rows::{q4_rows, q8_rows};
     assert_eq!(a.rows(), M, "ymm_many: packed rows");
     let mut res = [[0f32; M]; NR];
@@ -359,6 +363,9 @@ unsafe fn ymm_many<const M: usize>(
             QuantType::Q5_0 => by_lo!(q4_rows, false, true),
             QuantType::Q5_1 => by_lo!(q4_rows, true, true),
             QuantType::Q8_0 => by_lo!(q8_rows),
+            QuantType::Q4K => by_lo!(q4k_rows, false),
+            QuantType::Q5K => by_lo!(q4k_rows, true),
+            QuantType::Q6K => by_lo!(q6k_rows),
             other => unreachable!("no AVX2 many-row kernel for {other:?}"),
         }
     }

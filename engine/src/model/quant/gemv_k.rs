@@ -26,7 +26,7 @@ pub(super) mod x86 {
 
     /// `Q4_K`'s 6-bit scale and min of sub-block `j` (llama.cpp's
     /// `get_scale_min_k4`).
-    fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
+    pub(in crate::model::quant) fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
         if j < 4 {
             (s[j] & 63, s[j + 4] & 63)
         } else {
@@ -37,8 +37,84 @@ pub(super) mod x86 {
         }
     }
 
-    fn f16_at(b: &[u8], i: usize) -> f32 {
+    pub(in crate::model::quant) fn f16_at(b: &[u8], i: usize) -> f32 {
         half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    }
+
+    /// Bytes of a `Q4_K` block (`Q5`: `Q5_K`): d, dmin, scales[12],
+    /// [qh[32]], qs[128].
+    pub(in crate::model::quant) const fn q4k_block_bytes<const Q5: bool>() -> usize {
+        if Q5 {
+            176
+        } else {
+            144
+        }
+    }
+
+    /// Sub-blocks `2j` and `2j + 1` of the `Q4_K` (`Q5`: `Q5_K`) block at
+    /// `blk`: 32 levels each, one per byte, 0..=15 (0..=31).
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `blk` holds a whole block; `j < 4`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(in crate::model::quant) unsafe fn q4k_levels<const Q5: bool>(
+        blk: *const u8,
+        j: usize,
+    ) -> [__m256i; 2] {
+        let qs_at = if Q5 { 48 } else { 16 };
+        let mask = _mm256_set1_epi8(0x0f);
+        // SAFETY: the 32 bytes at qs_at + 32 j (and, Q5, the 32 at 16) lie
+        // in the block (the contract).
+        unsafe {
+            let q = _mm256_loadu_si256(blk.add(qs_at + 32 * j).cast());
+            let mut w = [
+                _mm256_and_si256(q, mask),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
+            ];
+            if Q5 {
+                // Bit 2j (2j + 1) of qh[l] is bit 4 of value l of the
+                // first (second) sub-block.
+                let h = _mm256_loadu_si256(blk.add(16).cast());
+                for (hh, wh) in w.iter_mut().enumerate() {
+                    let sh = _mm_cvtsi32_si128((2 * j + hh) as i32);
+                    let bit = _mm256_and_si256(_mm256_srl_epi16(h, sh), _mm256_set1_epi8(1));
+                    *wh = _mm256_or_si256(*wh, _mm256_slli_epi16::<4>(bit));
+                }
+            }
+            w
+        }
+    }
+
+    /// Sub-blocks `4n .. 4n + 4` of the `Q6_K` block (210 bytes) at `blk`:
+    /// 32 levels each, one per byte, 0..=63 (the offset 32 not applied).
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `blk` holds a whole block; `n < 2`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(in crate::model::quant) unsafe fn q6k_levels(blk: *const u8, n: usize) -> [__m256i; 4] {
+        let (m4, m3) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+        // SAFETY: ql (64 bytes at 64 n) and qh (32 at 128 + 32 n) lie in
+        // the block (the contract).
+        unsafe {
+            let a = _mm256_loadu_si256(blk.add(64 * n).cast());
+            let bq = _mm256_loadu_si256(blk.add(64 * n + 32).cast());
+            let h = _mm256_loadu_si256(blk.add(128 + 32 * n).cast());
+            let hi = |s: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(s, m3));
+            [
+                _mm256_or_si256(_mm256_and_si256(a, m4), hi(h)),
+                _mm256_or_si256(_mm256_and_si256(bq, m4), hi(_mm256_srli_epi16::<2>(h))),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(a), m4),
+                    hi(_mm256_srli_epi16::<4>(h)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(bq), m4),
+                    hi(_mm256_srli_epi16::<6>(h)),
+                ),
+            ]
+        }
     }
 
     macro_rules! k_kernels {
@@ -59,10 +135,8 @@ pub(super) mod x86 {
                 sx: &[f32],
             ) -> f32 {
                 let nb = qx.len() / 256;
-                // Q5_K: d, dmin, scales[12], qh[32], qs[128].
-                let (bs, qs_at) = if Q5 { (176, 48) } else { (144, 16) };
+                let bs = q4k_block_bytes::<Q5>();
                 debug_assert!(row.len() >= nb * bs && dx.len() >= 8 * nb && sx.len() >= 16 * nb);
-                let (mask, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
                 let mut acc = _mm256_setzero_ps();
                 let mut off = 0f32;
                 for (b, blk) in row.chunks_exact(bs).take(nb).enumerate() {
@@ -76,21 +150,7 @@ pub(super) mod x86 {
                         // `qx` (and `lo`), dx[c + 1] and sx[2c + 3] in theirs
                         // (contract).
                         unsafe {
-                            let q = _mm256_loadu_si256(blk.as_ptr().add(qs_at + 32 * j).cast());
-                            let mut w = [
-                                _mm256_and_si256(q, mask),
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask),
-                            ];
-                            if Q5 {
-                                // Bit 2j (2j + 1) of qh[l] is bit 4 of
-                                // value l of the first (second) sub-block.
-                                let h = _mm256_loadu_si256(blk.as_ptr().add(16).cast());
-                                for (hh, wh) in w.iter_mut().enumerate() {
-                                    let sh = _mm_cvtsi32_si128((2 * j + hh) as i32);
-                                    let bit = _mm256_and_si256(_mm256_srl_epi16(h, sh), one);
-                                    *wh = _mm256_or_si256(*wh, _mm256_slli_epi16::<4>(bit));
-                                }
-                            }
+                            let w = q4k_levels::<Q5>(blk.as_ptr(), j);
                             for (h, wh) in w.into_iter().enumerate() {
                                 let ch = c + h;
                                 let x = _mm256_loadu_si256(qx.as_ptr().add(32 * ch).cast());
@@ -131,7 +191,6 @@ pub(super) mod x86 {
             ) -> f32 {
                 let nb = qx.len() / 256;
                 debug_assert!(row.len() >= nb * 210 && dx.len() >= 8 * nb && sx.len() >= 16 * nb);
-                let (m4, m3) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
                 let mut acc = _mm256_setzero_ps();
                 let mut off = 0f32;
                 for (b, blk) in row.chunks_exact(210).take(nb).enumerate() {
@@ -142,26 +201,7 @@ pub(super) mod x86 {
                         // 210-byte block; the 32-blocks c .. c + 4 < 8 nb
                         // index `qx`, `lo`, `dx`, `sx` in range (contract).
                         unsafe {
-                            let p = blk.as_ptr();
-                            let a = _mm256_loadu_si256(p.add(64 * n).cast());
-                            let bq = _mm256_loadu_si256(p.add(64 * n + 32).cast());
-                            let h = _mm256_loadu_si256(p.add(128 + 32 * n).cast());
-                            let hi = |s: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(s, m3));
-                            let w = [
-                                _mm256_or_si256(_mm256_and_si256(a, m4), hi(h)),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(bq, m4),
-                                    hi(_mm256_srli_epi16::<2>(h)),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(a), m4),
-                                    hi(_mm256_srli_epi16::<4>(h)),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(bq), m4),
-                                    hi(_mm256_srli_epi16::<6>(h)),
-                                ),
-                            ];
+                            let w = q6k_levels(blk.as_ptr(), n);
                             let sc = &blk[192 + 8 * n..200 + 8 * n];
                             for (i, wi) in w.into_iter().enumerate() {
                                 let c = 8 * b + 4 * n + i;

@@ -13,7 +13,7 @@
 //!    and `Q8_K` multiplies
 //!    straight on the file's blocks ([`gemv`]; several rows share each
 //!    block's decode, [`gemv::dot_rows_many`]: up to [`MANY_MAX_M`] rows on
-//!    AVX-512 VNNI, up to 8 rows of the 32-block types on AVX2); otherwise:
+//!    AVX-512 VNNI, up to 8 rows (K-quants 6) on AVX2); otherwise:
 //!    [`tile`]: a tile of [`NR`] weight rows is decoded once into unsigned
 //!    8-bit levels (vectorized per type in `tile_decode`; `Q2_K`/`Q3_K`
 //!    through `model_loader::quant::decode_row`) plus per-32 scale vectors
@@ -73,7 +73,7 @@ pub const NR: usize = 4;
 pub const GEMV_MAX_M: usize = 4;
 
 /// Up to this many activation rows, where [`gemv::ManyRows`] has kernels
-/// (AVX-512 VNNI; AVX2 up to 8 rows), the rows share each weight block's
+/// (AVX-512 VNNI; AVX2 up to 8 rows, K-quants 6), the rows share each weight block's
 /// decode straight on the file's blocks (in chunks of up to 8, AVX2 6)
 /// instead of decoding tiles; at 16 the lane kernel takes over (without
 /// `--batch-invariant`).

@@ -3,7 +3,8 @@
 //! decoded once and multiplied with up to [`MAX_ROWS`] activation rows,
 //! where the one-row kernels of [`super::x86`] decode it again for every
 //! row. The AVX2 counterpart of [`super::zmm_rows`], for CPUs without
-//! AVX-512 (AMD Zen 2 and 3, Intel client cores).
+//! AVX-512 (AMD Zen 2 and 3, Intel client cores); the K-quants' kernels
+//! are in [`super::ymm_k_rows`], on the same packed activations.
 //!
 //! Every activation row gets the same integer sums and the same float
 //! operations in the same order as the one-row kernel gives it (the
@@ -25,7 +26,7 @@
 //! 32-byte aligned.
 //! Cost: per 32-block and weight row ~6 vector instructions of decode
 //! (10 for the 5-bit types) plus ~8 per activation row; [`YmmActs`] is
-//! `(64 m + 64) k / 32` bytes, built once per product.
+//! `(64 m + 128) k / 32` bytes, built once per product.
 
 use std::arch::x86_64::*;
 
@@ -39,41 +40,61 @@ use super::x86::{dot_two_avx2, q4_block_bytes, q4_levels};
 /// offset vectors, the block's levels and scales in the 16 registers).
 pub const MAX_ROWS: usize = 6;
 
-/// Most activation rows a product sends here (two chunks at most). At 12
-/// rows the tile path's register blocks beat two passes over `Q8_0`
-/// (measured, `gemv_bench --avx2 --rows=12`: 0.85x), at 8 every type
-/// gains (1.0x to 1.3x), at 2 to 6 rows 1.3x to 2x.
-pub const MANY_MAX_M: usize = 8;
+/// Most activation rows a product of `ty` sends here: 8 (two chunks) for
+/// the 32-block types, 6 (one chunk) for the K-quants. Measured
+/// (`gemv_bench --avx2 --rows=M`, against the tile path they replace):
+/// at 12 rows the tiles' register blocks beat two passes over `Q8_0`
+/// (0.85x); at 8 the 32-block types gain 1.0x to 1.3x and the K-quants
+/// 0.85x to 1.0x; at 6 rows 1.0x to 1.5x (K-quants) and 1.5x to 2.5x.
+pub fn most_rows(ty: QuantType) -> usize {
+    if ty.block_len() == 256 {
+        MAX_ROWS
+    } else {
+        8
+    }
+}
 
-/// The activation rows of one product packed for these kernels: 32-block
-/// `c` at `c * unit` bytes, holding row `r`'s 32 levels at `64 r` and its
-/// 32 residual levels at `64 r + 32`, then the rows' block scales (`f32`,
-/// lane `r`) at `64 m` and their block sums (`sums[2c] + sums[2c + 1]`,
-/// as the one-row kernel adds them) at `64 m + 32`.
+/// The activation rows of one product packed for these kernels and those
+/// of [`super::ymm_k_rows`]: 32-block `c` at `c * unit` bytes, holding row
+/// `r`'s 32 levels at `64 r` and its 32 residual levels at `64 r + 32`,
+/// then, lane `r` for row `r`, the rows' block scales (`f32`) at `64 m`,
+/// their block sums (`sums[2c] + sums[2c + 1]`, added as the one-row
+/// kernels add them) at `64 m + 32`, and the two 16-sums apart
+/// (`sums[2c]`, `sums[2c + 1]`, for `Q6_K`) at `64 m + 64` and `64 m + 96`.
 pub struct YmmActs {
     m: usize,
     k: usize,
-    unit: usize,
+    /// Bytes per 32-block: `64 m + 128`.
+    pub(super) unit: usize,
     buf: Vec<u8>,
     /// Where the 32-byte aligned data starts in `buf`.
     start: usize,
+}
+
+/// Offsets in a 32-block's unit of [`YmmActs`] with `m` rows: the scales,
+/// the pair sums, the even and the odd 16-sums (8 `f32` lanes each).
+pub(super) const fn vectors(m: usize) -> [usize; 4] {
+    [64 * m, 64 * m + 32, 64 * m + 64, 64 * m + 96]
 }
 
 impl YmmActs {
     /// Rows `rows` of `act` (at most [`MAX_ROWS`]) packed for `ty`'s
     /// kernels, or `None` when there are none for `ty`.
     pub fn new(act: &QuantizedActs, rows: std::ops::Range<usize>, ty: QuantType) -> Option<Self> {
-        if !matches!(
-            ty,
-            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q8_0
-        ) {
-            return None;
-        }
+        let block = match ty {
+            QuantType::Q4_0
+            | QuantType::Q4_1
+            | QuantType::Q5_0
+            | QuantType::Q5_1
+            | QuantType::Q8_0 => 32,
+            QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => 256,
+            _ => return None,
+        };
         let (m, k) = (rows.len(), act.k);
-        if m == 0 || m > MAX_ROWS || rows.end > act.m || !k.is_multiple_of(32) {
+        if m == 0 || m > MAX_ROWS || rows.end > act.m || !k.is_multiple_of(block) {
             return None;
         }
-        let unit = 64 * m + 64;
+        let unit = 64 * m + 128;
         let bytes = k / 32 * unit;
         let buf = vec![0u8; bytes + 31];
         let start = buf.as_ptr().align_offset(32).min(31);
@@ -85,6 +106,7 @@ impl YmmActs {
             start,
         };
         let data = &mut a.buf[start..start + bytes];
+        let [dx, pair, even, odd] = vectors(m);
         for (r, ar) in rows.enumerate() {
             let row = act.row(ar);
             for (c, blk) in data.chunks_exact_mut(unit).enumerate() {
@@ -97,10 +119,11 @@ impl YmmActs {
                         *d = l as u8;
                     }
                 }
-                let s = row.sums[2 * c] + row.sums[2 * c + 1];
-                let at = 64 * m + 4 * r;
-                blk[at..at + 4].copy_from_slice(&row.d[c].to_ne_bytes());
-                blk[at + 32..at + 36].copy_from_slice(&s.to_ne_bytes());
+                let (s0, s1) = (row.sums[2 * c], row.sums[2 * c + 1]);
+                for (at, val) in [(dx, row.d[c]), (pair, s0 + s1), (even, s0), (odd, s1)] {
+                    let at = at + 4 * r;
+                    blk[at..at + 4].copy_from_slice(&val.to_ne_bytes());
+                }
             }
         }
         Some(a)
@@ -117,19 +140,20 @@ impl YmmActs {
     }
 
     /// The first block's first row (32-byte aligned).
-    fn base(&self) -> *const u8 {
+    pub(super) fn base(&self) -> *const u8 {
         self.buf[self.start..].as_ptr()
     }
 }
 
 /// Row `r`'s integer product with `w` for the block at `at` (levels at
-/// `at + 64 r`, residuals 32 bytes on), as the one-row kernels form it.
+/// `at + 64 r`, residuals 32 bytes on), as the one-row kernels form it,
+/// in `f32`.
 ///
 /// # Safety
 /// The CPU has AVX2; `at + 64 r` holds 64 readable bytes, 32-byte aligned.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn row_dot<const SIGNED: bool, const LO: bool>(
+pub(super) unsafe fn row_dot<const SIGNED: bool, const LO: bool>(
     w: __m256i,
     at: *const u8,
     r: usize,
@@ -185,8 +209,9 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
                 let dw = _mm256_broadcastss_ps(dm);
                 let w = q4_levels::<FIVE>(p, bs);
                 let u = a.base().add(c * a.unit);
-                let sv = _mm256_load_ps(u.add(64 * M + 32).cast());
-                let scaled = _mm256_mul_ps(dw, _mm256_load_ps(u.add(64 * M).cast()));
+                let [dx_at, pair_at, ..] = vectors(M);
+                let sv = _mm256_load_ps(u.add(pair_at).cast());
+                let scaled = _mm256_mul_ps(dw, _mm256_load_ps(u.add(dx_at).cast()));
                 off_d = _mm256_fmadd_ps(dw, sv, off_d);
                 if MIN {
                     let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
@@ -251,7 +276,7 @@ pub unsafe fn q8_rows<const LO: bool, const M: usize>(
                 ))));
                 let w = _mm256_loadu_si256(p.add(2).cast());
                 let u = a.base().add(c * a.unit);
-                let scaled = _mm256_mul_ps(dw, _mm256_load_ps(u.add(64 * M).cast()));
+                let scaled = _mm256_mul_ps(dw, _mm256_load_ps(u.add(vectors(M)[0]).cast()));
                 // Each row's scale broadcast from memory: a load, not a
                 // shuffle on the port the products need.
                 let mut sc = [0f32; 8];
