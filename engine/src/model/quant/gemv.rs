@@ -298,13 +298,13 @@ pub fn dot_rows_many(
             // `ManyRows::new` takes m >= 2 and splits evenly.)
             unsafe {
                 match (a, a.rows()) {
-                    (Packed::Zmm(a), 2) => many_rows::<2>(w.ty, many.lo, rows, pf, a, &mut out),
-                    (Packed::Zmm(a), 3) => many_rows::<3>(w.ty, many.lo, rows, pf, a, &mut out),
-                    (Packed::Zmm(a), 4) => many_rows::<4>(w.ty, many.lo, rows, pf, a, &mut out),
-                    (Packed::Zmm(a), 5) => many_rows::<5>(w.ty, many.lo, rows, pf, a, &mut out),
-                    (Packed::Zmm(a), 6) => many_rows::<6>(w.ty, many.lo, rows, pf, a, &mut out),
-                    (Packed::Zmm(a), 7) => many_rows::<7>(w.ty, many.lo, rows, pf, a, &mut out),
-                    (Packed::Zmm(a), _) => many_rows::<8>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), 2) => zmm_many::<2>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), 3) => zmm_many::<3>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), 4) => zmm_many::<4>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), 5) => zmm_many::<5>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), 6) => zmm_many::<6>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), 7) => zmm_many::<7>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Zmm(a), _) => zmm_many::<8>(w.ty, many.lo, rows, pf, a, &mut out),
                     (Packed::Ymm(a), 2) => ymm_many::<2>(w.ty, many.lo, rows, pf, a, &mut out),
                     (Packed::Ymm(a), 3) => ymm_many::<3>(w.ty, many.lo, rows, pf, a, &mut out),
                     (Packed::Ymm(a), 4) => ymm_many::<4>(w.ty, many.lo, rows, pf, a, &mut out),
@@ -326,101 +326,79 @@ pub fn dot_rows_many(
     }
 }
 
-/// [`many_rows`] for the AVX2 kernels of [`ymm_rows`].
-///
-/// # Safety
-/// As for [`ymm_rows::q4_rows`] (and the K-quant kernels of
-/// [`ymm_k_rows`]); `a` packs exactly `M` rows for `ty`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn ymm_many<const M: usize>(
-    ty: QuantType,
-    lo: bool,
-    rows: &[&[u8]],
-    pf: usize,
-    a: &ymm_rows::YmmActs,
-    out: &mut [[f32; zmm_rows::MAX_ROWS]; NR],
-) {
-    use ymm_k_rows::{q4k_rows, q6k_rows};
-    use ymm_rows::{q4_rows, q8_rows};
-    assert_eq!(a.rows(), M, "ymm_many: packed rows");
-    let mut res = [[0f32; M]; NR];
-    let res = &mut res[..rows.len()];
-    macro_rules! by_lo {
-        ($f:ident $(, $g:literal)*) => {
-            if lo {
-                $f::<$($g,)* true, M>(rows, pf, a, res)
-            } else {
-                $f::<$($g,)* false, M>(rows, pf, a, res)
-            }
-        };
-    }
-    // SAFETY: the caller's contract is each kernel's.
-    unsafe {
-        match ty {
-            QuantType::Q4_0 => by_lo!(q4_rows, false, false),
-            QuantType::Q4_1 => by_lo!(q4_rows, true, false),
-            QuantType::Q5_0 => by_lo!(q4_rows, false, true),
-            QuantType::Q5_1 => by_lo!(q4_rows, true, true),
-            QuantType::Q8_0 => by_lo!(q8_rows),
-            QuantType::Q4K => by_lo!(q4k_rows, false),
-            QuantType::Q5K => by_lo!(q4k_rows, true),
-            QuantType::Q6K => by_lo!(q6k_rows),
-            other => unreachable!("no AVX2 many-row kernel for {other:?}"),
+/// `$f::<G.., LO, M> $args` with `LO` the run-time `$lo`.
+macro_rules! by_lo {
+    ($lo:expr, $args:tt, $m:ident; $f:ident $(, $g:literal)*) => {
+        if $lo {
+            $f::<$($g,)* true, $m> $args
+        } else {
+            $f::<$($g,)* false, $m> $args
         }
-    }
-    for (o, r) in out.iter_mut().zip(res.iter()) {
-        o[..M].copy_from_slice(r);
-    }
+    };
 }
 
-/// The weight rows `rows` against the `M` activation rows of `a`:
-/// `out[t][r]`.
-///
-/// # Safety
-/// As for [`zmm_rows::q4_rows`]; `a` packs exactly `M` rows.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn many_rows<const M: usize>(
-    ty: QuantType,
-    lo: bool,
-    rows: &[&[u8]],
-    pf: usize,
-    a: &zmm_rows::PackedActs,
-    out: &mut [[f32; zmm_rows::MAX_ROWS]; NR],
-) {
-    use zmm_k_rows::{q4k_rows, q6k_rows};
-    use zmm_rows::{q4_rows, q8_rows};
-    assert_eq!(a.rows(), M, "many_rows: packed rows");
-    let mut res = [[0f32; M]; NR];
-    let res = &mut res[..rows.len()];
-    macro_rules! by_lo {
-        ($f:ident $(, $g:literal)*) => {
-            if lo {
-                $f::<$($g,)* true, M>(rows, pf, a, res)
-            } else {
-                $f::<$($g,)* false, M>(rows, pf, a, res)
+/// Generates `$name::<M>`: the weight rows `rows` against the `M`
+/// activation rows packed in `a` (`out[t][r]`), through the kernels of the
+/// modules `$rows` (32-block types) and `$k_rows` (K-quants).
+macro_rules! many_rows_fn {
+    ($name:ident, $packed:ty, $rows:ident, $k_rows:ident, $features:literal) => {
+        /// The weight rows `rows` against the `M` activation rows of `a`:
+        /// `out[t][r]`.
+        ///
+        /// # Safety
+        /// As for the kernels called (the CPU has the enabled features;
+        /// whole rows of `ty` blocks; `a` packed for `ty`); `a` packs
+        /// exactly `M` rows.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const M: usize>(
+            ty: QuantType,
+            lo: bool,
+            rows: &[&[u8]],
+            pf: usize,
+            a: &$packed,
+            out: &mut [[f32; zmm_rows::MAX_ROWS]; NR],
+        ) {
+            use $k_rows::{q4k_rows, q6k_rows};
+            use $rows::{q4_rows, q8_rows};
+            assert_eq!(a.rows(), M, "many-row kernels: packed rows");
+            let mut res = [[0f32; M]; NR];
+            let res = &mut res[..rows.len()];
+            // SAFETY: the caller's contract is each kernel's.
+            unsafe {
+                match ty {
+                    QuantType::Q4_0 => by_lo!(lo, (rows, pf, a, res), M; q4_rows, false, false),
+                    QuantType::Q4_1 => by_lo!(lo, (rows, pf, a, res), M; q4_rows, true, false),
+                    QuantType::Q5_0 => by_lo!(lo, (rows, pf, a, res), M; q4_rows, false, true),
+                    QuantType::Q5_1 => by_lo!(lo, (rows, pf, a, res), M; q4_rows, true, true),
+                    QuantType::Q8_0 => by_lo!(lo, (rows, pf, a, res), M; q8_rows),
+                    QuantType::Q4K => by_lo!(lo, (rows, pf, a, res), M; q4k_rows, false),
+                    QuantType::Q5K => by_lo!(lo, (rows, pf, a, res), M; q4k_rows, true),
+                    QuantType::Q6K => by_lo!(lo, (rows, pf, a, res), M; q6k_rows),
+                    other => unreachable!("no many-row kernel for {other:?}"),
+                }
             }
-        };
-    }
-    // SAFETY: the caller's contract is each kernel's.
-    unsafe {
-        match ty {
-            QuantType::Q4_0 => by_lo!(q4_rows, false, false),
-            QuantType::Q4_1 => by_lo!(q4_rows, true, false),
-            QuantType::Q5_0 => by_lo!(q4_rows, false, true),
-            QuantType::Q5_1 => by_lo!(q4_rows, true, true),
-            QuantType::Q8_0 => by_lo!(q8_rows),
-            QuantType::Q4K => by_lo!(q4k_rows, false),
-            QuantType::Q5K => by_lo!(q4k_rows, true),
-            QuantType::Q6K => by_lo!(q6k_rows),
-            other => unreachable!("no many-row kernel for {other:?}"),
+            for (o, r) in out.iter_mut().zip(res.iter()) {
+                o[..M].copy_from_slice(r);
+            }
         }
-    }
-    for (o, r) in out.iter_mut().zip(res.iter()) {
-        o[..M].copy_from_slice(r);
-    }
+    };
 }
+
+many_rows_fn!(
+    zmm_many,
+    zmm_rows::PackedActs,
+    zmm_rows,
+    zmm_k_rows,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+);
+many_rows_fn!(
+    ymm_many,
+    ymm_rows::YmmActs,
+    ymm_rows,
+    ymm_k_rows,
+    "avx2,fma,f16c"
+);
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
