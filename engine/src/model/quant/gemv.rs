@@ -28,6 +28,8 @@ use super::act::QuantizedActs;
 #[cfg(target_arch = "x86_64")]
 use super::gemv_k;
 #[cfg(target_arch = "x86_64")]
+mod packed;
+#[cfg(target_arch = "x86_64")]
 mod ymm_k_rows;
 #[cfg(target_arch = "x86_64")]
 mod ymm_rows;

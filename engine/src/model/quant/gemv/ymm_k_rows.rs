@@ -82,7 +82,7 @@ pub unsafe fn q4k_rows<const Q5: bool, const LO: bool, const M: usize>(
                     let w = q4k_levels::<Q5>(p, j);
                     for (h, wh) in w.into_iter().enumerate() {
                         let c = 8 * b + 2 * j + h;
-                        let u = a.base().add(c * a.unit);
+                        let u = a.base().add(c * a.unit());
                         let (sc, m) = scale_min(2 * j + h, scales);
                         let dx = _mm256_load_ps(u.add(dx_at).cast());
                         let s = stored(_mm256_mul_ps(_mm256_set1_ps(d * f32::from(sc)), dx));
@@ -138,7 +138,7 @@ pub unsafe fn q6k_rows<const LO: bool, const M: usize>(
                     let w = q6k_levels(p, n);
                     for (i, wi) in w.into_iter().enumerate() {
                         let c = 8 * b + 4 * n + i;
-                        let u = a.base().add(c * a.unit);
+                        let u = a.base().add(c * a.unit());
                         let (s0, s1) = (
                             d * f32::from(sc[2 * i] as i8),
                             d * f32::from(sc[2 * i + 1] as i8),

@@ -34,6 +34,7 @@ use model_loader::QuantType;
 
 use super::super::act::QuantizedActs;
 use super::super::kernels::x86::{dot4_avx2, hsum};
+use super::packed::PackedRows;
 use super::x86::{dot_two_avx2, q4_block_bytes, q4_levels};
 
 /// Most activation rows one kernel call takes (`M` accumulators, two
@@ -61,15 +62,7 @@ pub fn most_rows(ty: QuantType) -> usize {
 /// their block sums (`sums[2c] + sums[2c + 1]`, added as the one-row
 /// kernels add them) at `64 m + 32`, and the two 16-sums apart
 /// (`sums[2c]`, `sums[2c + 1]`, for `Q6_K`) at `64 m + 64` and `64 m + 96`.
-pub struct YmmActs {
-    m: usize,
-    k: usize,
-    /// Bytes per 32-block: `64 m + 128`.
-    pub(super) unit: usize,
-    buf: Vec<u8>,
-    /// Where the 32-byte aligned data starts in `buf`.
-    start: usize,
-}
+pub type YmmActs = PackedRows<32>;
 
 /// Offsets in a 32-block's unit of [`YmmActs`] with `m` rows: the scales,
 /// the pair sums, the even and the odd 16-sums (8 `f32` lanes each).
@@ -77,7 +70,7 @@ pub(super) const fn vectors(m: usize) -> [usize; 4] {
     [64 * m, 64 * m + 32, 64 * m + 64, 64 * m + 96]
 }
 
-impl YmmActs {
+impl PackedRows<32> {
     /// Rows `rows` of `act` (at most [`MAX_ROWS`]) packed for `ty`'s
     /// kernels, or `None` when there are none for `ty`.
     pub fn new(act: &QuantizedActs, rows: std::ops::Range<usize>, ty: QuantType) -> Option<Self> {
@@ -95,17 +88,8 @@ impl YmmActs {
             return None;
         }
         let unit = 64 * m + 128;
-        let bytes = k / 32 * unit;
-        let buf = vec![0u8; bytes + 31];
-        let start = buf.as_ptr().align_offset(32).min(31);
-        let mut a = Self {
-            m,
-            k,
-            unit,
-            buf,
-            start,
-        };
-        let data = &mut a.buf[start..start + bytes];
+        let mut a = Self::zeroed(m, k, unit, k / 32 * unit);
+        let data = a.data_mut();
         let [dx, pair, even, odd] = vectors(m);
         for (r, ar) in rows.enumerate() {
             let row = act.row(ar);
@@ -127,21 +111,6 @@ impl YmmActs {
             }
         }
         Some(a)
-    }
-
-    /// The activation rows packed (the kernels' `M`).
-    pub fn rows(&self) -> usize {
-        self.m
-    }
-
-    /// The values per row.
-    pub fn k(&self) -> usize {
-        self.k
-    }
-
-    /// The first block's first row (32-byte aligned).
-    pub(super) fn base(&self) -> *const u8 {
-        self.buf[self.start..].as_ptr()
     }
 }
 
@@ -188,9 +157,9 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
     res: &mut [[f32; M]],
 ) {
     let bs = q4_block_bytes::<MIN, FIVE>();
-    let nb = a.k / 32;
+    let nb = a.k() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
-    debug_assert!(a.m == M);
+    debug_assert!(a.rows() == M);
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
         let mut acc = [_mm256_setzero_ps(); M];
         // Lane r: row r's sum of d * s, and (MIN) of m * s.
@@ -208,7 +177,7 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
                 let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
                 let dw = _mm256_broadcastss_ps(dm);
                 let w = q4_levels::<FIVE>(p, bs);
-                let u = a.base().add(c * a.unit);
+                let u = a.base().add(c * a.unit());
                 let [dx_at, pair_at, ..] = vectors(M);
                 let sv = _mm256_load_ps(u.add(pair_at).cast());
                 let scaled = _mm256_mul_ps(dw, _mm256_load_ps(u.add(dx_at).cast()));
@@ -261,9 +230,9 @@ pub unsafe fn q8_rows<const LO: bool, const M: usize>(
     res: &mut [[f32; M]],
 ) {
     const BS: usize = 34;
-    let nb = a.k / 32;
+    let nb = a.k() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * BS));
-    debug_assert!(a.m == M);
+    debug_assert!(a.rows() == M);
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
         let mut acc = [_mm256_setzero_ps(); M];
         for c in 0..nb {
@@ -275,7 +244,7 @@ pub unsafe fn q8_rows<const LO: bool, const M: usize>(
                     p.cast::<u16>().read_unaligned(),
                 ))));
                 let w = _mm256_loadu_si256(p.add(2).cast());
-                let u = a.base().add(c * a.unit);
+                let u = a.base().add(c * a.unit());
                 let scaled = _mm256_mul_ps(dw, _mm256_load_ps(u.add(vectors(M)[0]).cast()));
                 // Each row's scale broadcast from memory: a load, not a
                 // shuffle on the port the products need.

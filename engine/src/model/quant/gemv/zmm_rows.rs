@@ -38,6 +38,7 @@ use std::arch::x86_64::*;
 use model_loader::QuantType;
 
 use super::super::act::QuantizedActs;
+use super::packed::PackedRows;
 use super::zmm::{q4_finish, q4_pair, q8_pair, Q4Pair};
 
 /// Most activation rows one kernel call takes (its `2 m` accumulators stay
@@ -60,16 +61,9 @@ pub const K_UNIT: usize = 640;
 /// `r` at `(u m + r) * unit` bytes, 64-byte aligned, so one pointer and
 /// constant offsets reach every row's data (a pointer per row and array
 /// spilled the general registers).
-pub struct PackedActs {
-    m: usize,
-    k: usize,
-    unit: usize,
-    buf: Vec<u8>,
-    /// Where the aligned data starts in `buf`.
-    start: usize,
-}
+pub type PackedActs = PackedRows<64>;
 
-impl PackedActs {
+impl PackedRows<64> {
     /// Rows `rows` of `act` (at most [`MAX_ROWS`]) packed for `ty`'s
     /// kernels, or `None` when there are none for `ty`.
     pub fn new(act: &QuantizedActs, rows: std::ops::Range<usize>, ty: QuantType) -> Option<Self> {
@@ -88,17 +82,8 @@ impl PackedActs {
         } else {
             (K_UNIT, k / 256)
         };
-        let bytes = units * m * unit;
-        let buf = vec![0u8; bytes + 63];
-        let start = buf.as_ptr().align_offset(64).min(63);
-        let mut a = Self {
-            m,
-            k,
-            unit,
-            buf,
-            start,
-        };
-        let data = &mut a.buf[start..start + bytes];
+        let mut a = Self::zeroed(m, k, unit, units * m * unit);
+        let data = a.data_mut();
         let f32s = |dst: &mut [u8], vals: &mut dyn Iterator<Item = f32>| {
             for (d, v) in dst.chunks_exact_mut(4).zip(vals) {
                 d.copy_from_slice(&v.to_ne_bytes());
@@ -159,21 +144,6 @@ impl PackedActs {
         }
         Some(a)
     }
-
-    /// The activation rows packed (the kernels' `M`).
-    pub fn rows(&self) -> usize {
-        self.m
-    }
-
-    /// The values per row.
-    pub fn k(&self) -> usize {
-        self.k
-    }
-
-    /// The first unit's first row (64-byte aligned).
-    pub(super) fn base(&self) -> *const u8 {
-        self.buf[self.start..].as_ptr()
-    }
 }
 
 /// `(dot(w, q) << 8) + dot(w, lo)` (`LO`; else `dot(w, q)`) in 16 i32
@@ -221,9 +191,9 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
     res: &mut [[f32; M]],
 ) {
     let bs = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
-    let nb = a.k / 32;
+    let nb = a.k() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
-    debug_assert!(a.m == M && a.unit == PAIR_UNIT);
+    debug_assert!(a.rows() == M && a.unit() == PAIR_UNIT);
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
         let mut acc = [_mm512_setzero_ps(); M];
         let mut off = [_mm512_setzero_ps(); M];
@@ -270,9 +240,9 @@ pub unsafe fn q8_rows<const LO: bool, const M: usize>(
     res: &mut [[f32; M]],
 ) {
     const BS: usize = 34;
-    let nb = a.k / 32;
+    let nb = a.k() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * BS));
-    debug_assert!(a.m == M && a.unit == PAIR_UNIT);
+    debug_assert!(a.rows() == M && a.unit() == PAIR_UNIT);
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
         let mut acc = [_mm512_setzero_ps(); M];
         let mut c = 0;
