@@ -329,6 +329,7 @@ pub fn dot_rows_many(
 }
 
 /// `$f::<G.., LO, M> $args` with `LO` the run-time `$lo`.
+#[cfg(target_arch = "x86_64")]
 macro_rules! by_lo {
     ($lo:expr, $args:tt, $m:ident; $f:ident $(, $g:literal)*) => {
         if $lo {
@@ -342,6 +343,7 @@ macro_rules! by_lo {
 /// Generates `$name::<M>`: the weight rows `rows` against the `M`
 /// activation rows packed in `a` (`out[t][r]`), through the kernels of the
 /// modules `$rows` (32-block types) and `$k_rows` (K-quants).
+#[cfg(target_arch = "x86_64")]
 macro_rules! many_rows_fn {
     ($name:ident, $packed:ty, $rows:ident, $k_rows:ident, $features:literal) => {
         /// The weight rows `rows` against the `M` activation rows of `a`:
@@ -387,6 +389,7 @@ macro_rules! many_rows_fn {
     };
 }
 
+#[cfg(target_arch = "x86_64")]
 many_rows_fn!(
     zmm_many,
     zmm_rows::PackedActs,
@@ -394,6 +397,7 @@ many_rows_fn!(
     zmm_k_rows,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
 );
+#[cfg(target_arch = "x86_64")]
 many_rows_fn!(
     ymm_many,
     ymm_rows::YmmActs,
