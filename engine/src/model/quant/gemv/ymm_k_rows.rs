@@ -24,26 +24,7 @@ use std::arch::x86_64::*;
 
 use super::super::gemv_k::x86::{f16_at, q4k_block_bytes, q4k_levels, q6k_levels, scale_min};
 use super::super::kernels::x86::hsum;
-use super::ymm_rows::{row_dot, vectors, YmmActs};
-
-/// Row `r`'s lane of `v`, stored at `lanes`, broadcast: a load, not a
-/// shuffle on the port the products need.
-///
-/// # Safety
-/// The CPU has AVX2; `r < 8`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn lane(lanes: &[f32; 8], r: usize) -> __m256 {
-    _mm256_broadcast_ss(&lanes[r])
-}
-
-fn stored(v: __m256) -> [f32; 8] {
-    let mut out = [0f32; 8];
-    // SAFETY: 8 f32 into an [f32; 8]; the callers run with AVX2 (their
-    // contracts).
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
-    out
-}
+use super::ymm_rows::{row_dot, stored, vectors, YmmActs};
 
 /// `Q4_K` (`Q5`: `Q5_K`): `res[t][r] = dot(rows[t], activation row r)` for
 /// the `M` rows packed in `a`, each the same bits as the one-row AVX2
@@ -91,13 +72,14 @@ pub unsafe fn q4k_rows<const Q5: bool, const LO: bool, const M: usize>(
                         off = _mm256_sub_ps(off, _mm256_mul_ps(dm, pair));
                         for (r, acc) in acc.iter_mut().enumerate() {
                             let prod = row_dot::<false, LO>(wh, u, r);
-                            *acc = _mm256_fmadd_ps(prod, lane(&s, r), *acc);
+                            *acc = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(&s[r]), *acc);
                         }
                     }
                 }
             }
         }
-        let off = stored(off);
+        // SAFETY: the CPU has AVX2 (contract).
+        let off = unsafe { stored(off) };
         for r in 0..M {
             // SAFETY: the CPU has AVX2 (contract).
             res[r] = unsafe { hsum(acc[r]) } + off[r];
@@ -168,7 +150,8 @@ pub unsafe fn q6k_rows<const LO: bool, const M: usize>(
                 }
             }
         }
-        let off = stored(off);
+        // SAFETY: the CPU has AVX2 (contract).
+        let off = unsafe { stored(off) };
         for r in 0..M {
             // SAFETY: the CPU has AVX2 (contract).
             res[r] = unsafe { hsum(acc[r]) } + off[r];

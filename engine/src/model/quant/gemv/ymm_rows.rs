@@ -140,6 +140,20 @@ pub(super) unsafe fn row_dot<const SIGNED: bool, const LO: bool>(
     }
 }
 
+/// `v`'s eight lanes in memory: a row's lane is then broadcast with a
+/// load, not a shuffle on the port the products need.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn stored(v: __m256) -> [f32; 8] {
+    let mut out = [0f32; 8];
+    // SAFETY: 8 f32 into an [f32; 8].
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+    out
+}
+
 /// `Q4_0`, `Q4_1` (`MIN`), `Q5_0` (`FIVE`) or `Q5_1` (both): `res[t][r] =
 /// dot(rows[t], activation row r)` for the `M` rows packed in `a`, each the
 /// same bits as the one-row AVX2 kernel gives it.
@@ -160,6 +174,7 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
     let nb = a.k() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(a.rows() == M);
+    let [dx_at, pair_at, ..] = vectors(M);
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
         let mut acc = [_mm256_setzero_ps(); M];
         // Lane r: row r's sum of d * s, and (MIN) of m * s.
@@ -178,7 +193,6 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
                 let dw = _mm256_broadcastss_ps(dm);
                 let w = q4_levels::<FIVE>(p, bs);
                 let u = a.base().add(c * a.unit());
-                let [dx_at, pair_at, ..] = vectors(M);
                 let sv = _mm256_load_ps(u.add(pair_at).cast());
                 let scaled = _mm256_mul_ps(dw, _mm256_load_ps(u.add(dx_at).cast()));
                 off_d = _mm256_fmadd_ps(dw, sv, off_d);
@@ -186,22 +200,15 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
                     let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
                     off_m = _mm256_fmadd_ps(mw, sv, off_m);
                 }
-                // Each row's scale broadcast from memory: a load, not a
-                // shuffle on the port the products need.
-                let mut sc = [0f32; 8];
-                _mm256_storeu_ps(sc.as_mut_ptr(), scaled);
+                let sc = stored(scaled);
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let sc = _mm256_broadcast_ss(&sc[r]);
                     *acc = _mm256_fmadd_ps(row_dot::<false, LO>(w, u, r), sc, *acc);
                 }
             }
         }
-        let (mut d, mut m) = ([0f32; 8], [0f32; 8]);
-        // SAFETY: 8 f32 into each [f32; 8]; the CPU has AVX2 (contract).
-        unsafe {
-            _mm256_storeu_ps(d.as_mut_ptr(), off_d);
-            _mm256_storeu_ps(m.as_mut_ptr(), off_m);
-        }
+        // SAFETY: the CPU has AVX2 (contract).
+        let (d, m) = unsafe { (stored(off_d), stored(off_m)) };
         for r in 0..M {
             // The offset of a level, as the one-row kernel applies it.
             let off = if MIN {
@@ -233,6 +240,7 @@ pub unsafe fn q8_rows<const LO: bool, const M: usize>(
     let nb = a.k() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * BS));
     debug_assert!(a.rows() == M);
+    let dx_at = vectors(M)[0];
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
         let mut acc = [_mm256_setzero_ps(); M];
         for c in 0..nb {
@@ -245,11 +253,8 @@ pub unsafe fn q8_rows<const LO: bool, const M: usize>(
                 ))));
                 let w = _mm256_loadu_si256(p.add(2).cast());
                 let u = a.base().add(c * a.unit());
-                let scaled = _mm256_mul_ps(dw, _mm256_load_ps(u.add(vectors(M)[0]).cast()));
-                // Each row's scale broadcast from memory: a load, not a
-                // shuffle on the port the products need.
-                let mut sc = [0f32; 8];
-                _mm256_storeu_ps(sc.as_mut_ptr(), scaled);
+                let scaled = _mm256_mul_ps(dw, _mm256_load_ps(u.add(dx_at).cast()));
+                let sc = stored(scaled);
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let sc = _mm256_broadcast_ss(&sc[r]);
                     *acc = _mm256_fmadd_ps(row_dot::<true, LO>(w, u, r), sc, *acc);

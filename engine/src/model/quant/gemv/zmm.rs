@@ -271,7 +271,7 @@ pub unsafe fn q4<const MIN: bool, const FIVE: bool, const LO: bool>(
     res: &mut [f32; NR],
 ) {
     // d (f16), [m (f16)], [qh (u32)], qs[16].
-    let bs = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
+    let bs = super::x86::q4_block_bytes::<MIN, FIVE>();
     let nb = qx.len() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb && (!LO || lo.len() >= 32 * nb));

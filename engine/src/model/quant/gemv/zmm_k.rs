@@ -213,7 +213,7 @@ pub unsafe fn q4k<const Q5: bool, const LO: bool>(
 ) {
     let nb = qx.len() / 256;
     // Q5_K: d, dmin, scales[12], qh[32], qs[128].
-    let bs = if Q5 { 176 } else { 144 };
+    let bs = super::super::gemv_k::x86::q4k_block_bytes::<Q5>();
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(dx.len() >= 8 * nb && sx.len() >= 16 * nb && (!LO || lo.len() >= 256 * nb));
     let (even, odd) = (lanes(&T.even), lanes(&T.odd));

@@ -32,7 +32,7 @@ pub unsafe fn q4k_rows<const Q5: bool, const LO: bool, const M: usize>(
     res: &mut [[f32; M]],
 ) {
     let nb = a.k() / 256;
-    let bs = if Q5 { 176 } else { 144 };
+    let bs = super::super::gemv_k::x86::q4k_block_bytes::<Q5>();
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(a.rows() == M && a.k().is_multiple_of(256));
     let (even, odd) = (lanes(&T.even), lanes(&T.odd));

@@ -190,7 +190,7 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
     a: &PackedActs,
     res: &mut [[f32; M]],
 ) {
-    let bs = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
+    let bs = super::x86::q4_block_bytes::<MIN, FIVE>();
     let nb = a.k() / 32;
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(a.rows() == M && a.unit() == PAIR_UNIT);
