@@ -19,9 +19,10 @@
 //! and speculates while `c_spec < 0.95 c_plain (1 + r)` (a speculating
 //! step's cost per emitted token below a plain step's, by a margin: within
 //! the noise, plain decoding is kept). The averages weigh their first
-//! samples equally, so an unusual first probe does not set them. Whichever mode it is not
-//! in gets a [`WINDOW`]-step probe every [`HOLD`] counted steps, to keep
-//! its average fresh as requests come and go. Before both modes have
+//! samples equally, so an unusual first probe does not set them.
+//! Whichever mode it is not in gets a [`WINDOW`]-step probe every
+//! [`HOLD`] counted steps, to keep its average fresh as requests come and
+//! go. Before both modes have
 //! been measured it probes plain first, then speculation.
 //!
 //! Counted steps are decode steps (no prompt rows) in which some sequence
@@ -52,15 +53,19 @@ const MARGIN: f64 = 0.95;
 /// for the whole run: measured 0.56 tokens per row against 0.25 true).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Avg {
-    mean: Option<f64>,
+    mean: f64,
     n: u32,
 }
 
 impl Avg {
     fn add(&mut self, x: f64, w: f64) {
         self.n = self.n.saturating_add(1);
-        let w = w.max(1.0 / f64::from(self.n));
-        self.mean = Some(self.mean.map_or(x, |a| a + w * (x - a)));
+        self.mean += w.max(1.0 / f64::from(self.n)) * (x - self.mean);
+    }
+
+    /// The average, once there is a sample.
+    fn get(&self) -> Option<f64> {
+        (self.n > 0).then_some(self.mean)
     }
 }
 
@@ -130,7 +135,7 @@ impl Governor {
         if self.left > 0 {
             return;
         }
-        match (self.plain.mean, self.spec.mean.zip(self.accept.mean)) {
+        match (self.plain.get(), self.spec.get().zip(self.accept.get())) {
             (Some(plain), Some((spec, r))) => {
                 let pays = spec < MARGIN * plain * (1.0 + r);
                 tracing::debug!(
