@@ -70,6 +70,7 @@ pub(super) fn decode_q3_k(blk: &[u8], q: &mut [i8], a: &mut [f32], b: &mut [f32]
 
 /// The 8 six-bit (scale, min) pairs of `Q4_K` / `Q5_K` (`sc`: the block's
 /// 12 scale bytes; `j < 8`).
+#[inline]
 pub fn scale_min_k4(sc: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (sc[j] & 63, sc[j + 4] & 63)

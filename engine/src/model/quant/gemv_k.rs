@@ -22,24 +22,9 @@
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
+    use super::super::f16_at;
     use super::super::kernels::x86::{dot4_avx2, dot4_vnni, hsum};
-
-    /// `Q4_K`'s 6-bit scale and min of sub-block `j` (llama.cpp's
-    /// `get_scale_min_k4`).
-    pub(in crate::model::quant) fn scale_min(j: usize, s: &[u8]) -> (u8, u8) {
-        if j < 4 {
-            (s[j] & 63, s[j + 4] & 63)
-        } else {
-            (
-                (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4),
-                (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-            )
-        }
-    }
-
-    pub(in crate::model::quant) fn f16_at(b: &[u8], i: usize) -> f32 {
-        half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-    }
+    use model_loader::quant::scale_min_k4;
 
     /// Bytes of a `Q4_K` block (`Q5`: `Q5_K`): d, dmin, scales[12],
     /// [qh[32]], qs[128].
@@ -162,7 +147,7 @@ pub(super) mod x86 {
                                         $dot::<false>(wh, xl),
                                     );
                                 }
-                                let (sc, m) = scale_min(2 * j + h, scales);
+                                let (sc, m) = scale_min_k4(scales, 2 * j + h);
                                 let s = d * f32::from(sc) * *dx.get_unchecked(ch);
                                 acc =
                                     _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc);

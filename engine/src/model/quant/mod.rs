@@ -65,6 +65,11 @@ pub use act::{ActPrecision, QuantizedActs};
 pub use kernels::{Isa, MR};
 use tile::Tile;
 
+/// The little-endian `f16` at byte `i` of a block, as `f32` (exact).
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
 /// Weight rows decoded and multiplied together.
 pub const NR: usize = 4;
 

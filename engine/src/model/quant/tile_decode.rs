@@ -13,15 +13,11 @@
 //! offset fold bit for bit (tested for every type). Cost: O(k) per row, no
 //! allocation.
 
-use half::f16;
 use model_loader::quant::scale_min_k4;
 use model_loader::QuantType;
 
+use super::f16_at;
 use super::tile::fold;
-
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
 
 /// Decodes a row of `ty` into `u`, `a8`, `bb` (`u.len()` values, whole
 /// blocks). Returns false for the types without a fast decoder (and for

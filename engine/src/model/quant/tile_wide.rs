@@ -18,10 +18,10 @@
 //! [`super::tile::Tile::widen`] on every value the lane kernel reads
 //! (tested bit for bit). Cost: O(k) per row, no allocation.
 
-use half::f16;
 use model_loader::quant::scale_min_k4;
 use model_loader::QuantType;
 
+use super::f16_at;
 use super::tile::fold;
 
 /// True when `ty` has a wide decoder.
@@ -42,10 +42,6 @@ fn layout(ty: QuantType) -> Option<(usize, usize)> {
         QuantType::Q6K => (210, 256),
         _ => return None,
     })
-}
-
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
 /// Decodes one row of `ty` (`row`: its blocks) into `w16` (`k` levels),

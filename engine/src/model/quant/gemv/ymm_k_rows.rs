@@ -22,9 +22,11 @@
 
 use std::arch::x86_64::*;
 
-use super::super::gemv_k::x86::{f16_at, q4k_block_bytes, q4k_levels, q6k_levels, scale_min};
+use super::super::f16_at;
+use super::super::gemv_k::x86::{q4k_block_bytes, q4k_levels, q6k_levels};
 use super::super::kernels::x86::hsum;
 use super::ymm_rows::{row_dot, stored, vectors, YmmActs};
+use model_loader::quant::scale_min_k4;
 
 /// `Q4_K` (`Q5`: `Q5_K`): `res[t][r] = dot(rows[t], activation row r)` for
 /// the `M` rows packed in `a`, each the same bits as the one-row AVX2
@@ -64,7 +66,7 @@ pub unsafe fn q4k_rows<const Q5: bool, const LO: bool, const M: usize>(
                     for (h, wh) in w.into_iter().enumerate() {
                         let c = 8 * b + 2 * j + h;
                         let u = a.base().add(c * a.unit());
-                        let (sc, m) = scale_min(2 * j + h, scales);
+                        let (sc, m) = scale_min_k4(scales, 2 * j + h);
                         let dx = _mm256_load_ps(u.add(dx_at).cast());
                         let s = stored(_mm256_mul_ps(_mm256_set1_ps(d * f32::from(sc)), dx));
                         let pair = _mm256_load_ps(u.add(pair_at).cast());
