@@ -273,7 +273,9 @@ pub fn matmul_with(
             built.as_ref()
         }
     };
-    let lane_rows = lane_acts.map_or(0, lanes::LaneActs::rows);
+    // Rows the lane kernel takes (its last group may be padded); the rest
+    // run the row-major kernel.
+    let lane_rows = lane_acts.map_or(0, |l| l.m);
     let run = |c0: usize| {
         let c1 = (c0 + per).min(n);
         let put = |r: usize, j: usize, vals: &[f32]| {
@@ -347,13 +349,17 @@ pub fn matmul_with(
                     }
                 }
                 if let Some(la) = lane_acts.filter(|_| lane_end > p0) {
-                    let (g_end, mut g) = (lane_end / width, p0 / width);
+                    // Panels hold whole groups; the last group may be
+                    // padded (its padding rows are not written).
+                    let (g_end, mut g) = (lane_end.div_ceil(width), p0 / width);
                     while g < g_end {
                         let n = (g_end - g).min(res_lanes.len());
                         lanes::dot_groups(&tile, la, g, &mut res_lanes[..n]);
                         for (i, group) in res_lanes[..n].iter().enumerate() {
-                            for (l, vals) in group[..width].iter().enumerate() {
-                                put((g + i) * width + l, j, &vals[..nr]);
+                            let r0 = (g + i) * width;
+                            let real = width.min(m - r0);
+                            for (l, vals) in group[..real].iter().enumerate() {
+                                put(r0 + l, j, &vals[..nr]);
                             }
                         }
                         g += n;

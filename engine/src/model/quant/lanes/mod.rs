@@ -103,10 +103,15 @@ pub fn width(isa: Isa) -> Option<usize> {
     }
 }
 
-/// Whole groups of `width` rows of quantized activations in lane order.
+/// Groups of `width` rows of quantized activations in lane order; the
+/// last group may be padded with zero rows (their results are zero and
+/// are not written).
 #[derive(Debug, Clone)]
 pub struct LaneActs {
     pub groups: usize,
+    /// Rows of the activations covered (the first `m`); where the last
+    /// group is padded, the rest of it is padding.
+    pub m: usize,
     pub k: usize,
     /// Rows per group ([`LANES`] or [`MAX_LANES`]).
     pub width: usize,
@@ -119,25 +124,37 @@ pub struct LaneActs {
 }
 
 impl LaneActs {
-    /// The first `m / width` whole groups of `act`'s rows, or `None` when
-    /// there is no whole group. Panics unless `width` is [`LANES`] or
+    /// `act`'s rows in groups of `width`: the whole groups, and the rest
+    /// in a last group padded with zero rows when it holds at least half a
+    /// group (fewer rows are left to the caller's row-major kernel); `None`
+    /// when there is no whole group. Panics unless `width` is [`LANES`] or
     /// [`MAX_LANES`].
+    ///
+    /// Why pad: rows past the whole groups run the row-major kernel, which
+    /// needs the tile in a second form and costs more per row. Measured
+    /// on AVX-512 (`gemv_bench --rows=M`, weight GB/s, Q5_0 / Q8_0 / Q4_K /
+    /// Q6_K): the row-major rest loses to a padded group from about 4-8
+    /// rows (44 rows: 1.2 / 1.8 / 1.3 / 1.7 row-major, 1.7 / 2.1 / 1.5 /
+    /// 2.1 padded) and wins below (33 rows: 1.9 / 3.1 / 2.1 / 2.8 against
+    /// 1.8 / 2.2 / 1.6 / 2.1).
     pub fn new(act: &QuantizedActs, width: usize) -> Option<Self> {
         assert!(
             width == LANES || width == MAX_LANES,
             "lane groups of {width}"
         );
-        let (k, groups) = (act.k, act.m / width);
-        if groups == 0 {
+        let (k, whole, rest) = (act.k, act.m / width, act.m % width);
+        if whole == 0 {
             return None;
         }
+        let groups = whole + usize::from(rest >= width / 2);
+        let m = act.m.min(groups * width);
         let (pairs, blocks, sixteens) = (k / 2, k / QA, k / 16);
         let mut x = vec![0i16; groups * k * width];
         let mut d = vec![0f32; groups * blocks * width];
         let mut s = vec![0f32; groups * sixteens * width];
         for g in 0..groups {
             let xg = &mut x[g * pairs * 2 * width..(g + 1) * pairs * 2 * width];
-            for l in 0..width {
+            for l in 0..width.min(m - g * width) {
                 let row = act.row(g * width + l);
                 match row.lo {
                     Some(lo) => {
@@ -167,6 +184,7 @@ impl LaneActs {
         }
         Some(Self {
             groups,
+            m,
             k,
             width,
             x,
@@ -175,7 +193,7 @@ impl LaneActs {
         })
     }
 
-    /// Rows covered (whole groups).
+    /// Rows covered, padding included.
     pub fn rows(&self) -> usize {
         self.groups * self.width
     }
