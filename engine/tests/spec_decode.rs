@@ -1,8 +1,8 @@
 //! Speculative decoding keeps every output exact: greedy and seeded
 //! sampled tokens under n-gram (and deliberately bad) proposals equal the
 //! tokens without speculation, under preemption by swap and recompute,
-//! prefix caching, small prefill chunks and aborts (asynchronous
-//! scheduling is refused with speculation); the distribution of sampled tokens is unchanged (a
+//! prefix caching, small prefill chunks, aborts and asynchronous
+//! scheduling; the distribution of sampled tokens is unchanged (a
 //! two-sample chi-square against plain sampling with other seeds); every
 //! block comes back, and the prefix cache only ever stores blocks of
 //! accepted tokens (checked on its KV events).
@@ -69,8 +69,7 @@ fn run(
     params_of: &dyn Fn(usize) -> RequestParams,
     prepare: &dyn Fn(&mut LlmEngine),
 ) -> (Vec<Collected>, LlmEngine) {
-    // Speculation runs with synchronous scheduling only.
-    let mut eng = common::engine_with(setup, false);
+    let mut eng = common::engine_with(setup, common::async_scheduling());
     prepare(&mut eng);
     for (i, p) in ps.iter().enumerate() {
         eng.add_request(RequestId(i as u64), p.clone(), params_of(i))
@@ -129,9 +128,6 @@ fn tokens(c: &[Collected]) -> Vec<Vec<u32>> {
 #[test]
 fn greedy_outputs_equal_those_without_speculation() {
     common::on_each_executor(|| {
-        if common::async_scheduling() {
-            return; // refused with speculation: `asynchronous_scheduling_is_refused`
-        }
         let ps = repetitive(1, 8);
         let greedy = |i: usize| params(12 + 3 * i);
         for (name, setup) in setups() {
@@ -159,9 +155,6 @@ fn greedy_outputs_equal_those_without_speculation() {
 #[test]
 fn adaptive_switching_keeps_outputs_and_blocks() {
     common::on_each_executor(|| {
-        if common::async_scheduling() {
-            return;
-        }
         let ps = repetitive(2, 6);
         let greedy = |i: usize| params(40 + 5 * i);
         for (name, setup) in setups() {
@@ -203,9 +196,6 @@ fn sampled(i: usize) -> RequestParams {
 #[test]
 fn seeded_sampling_is_unchanged_by_good_and_bad_proposals() {
     common::on_each_executor(|| {
-        if common::async_scheduling() {
-            return; // refused with speculation: `asynchronous_scheduling_is_refused`
-        }
         let ps = repetitive(2, 8);
         for (name, setup) in setups() {
             let (plain, _) = run(&setup, &ps, &sampled, &|_| {});
@@ -222,23 +212,36 @@ fn seeded_sampling_is_unchanged_by_good_and_bad_proposals() {
     });
 }
 
+/// With asynchronous scheduling, steps run ahead while nothing can
+/// speculate (here: while `disable_by_batch_size` requests or more are
+/// running) and speculation starts once the load drops; outputs are
+/// those without speculation, every block comes back.
 #[test]
-fn asynchronous_scheduling_is_refused() {
-    let setup = with_spec(&Setup::default(), 2);
-    let exec = common::executor(16, 0, setup.block_size);
-    let kv =
-        engine::kv::PagedKvCacheManager::new(engine::kv::PagedKvConfig::new(4, 16, 0)).expect("kv");
-    let cfg = engine::EngineConfig {
-        scheduler: engine::scheduler::SchedulerConfig {
-            async_scheduling: true,
-            ..setup.sched.clone()
-        },
-        eos_token_ids: vec![2],
-    };
-    let e = LlmEngine::new(cfg, Box::new(kv), exec)
-        .err()
-        .expect("refused");
-    assert!(e.to_string().contains("--async-scheduling"), "{e}");
+fn asynchronous_scheduling_runs_ahead_where_nothing_speculates() {
+    common::on_each_executor(|| {
+        if !common::async_scheduling() {
+            return;
+        }
+        let ps = repetitive(4, 8);
+        // Requests end one after another, so the load falls below 4.
+        let greedy = |i: usize| params(6 + 6 * i);
+        let setup = Setup::default();
+        let (plain, _) = run(&setup, &ps, &greedy, &|_| {});
+        let mut spec = with_spec(&setup, 3);
+        if let Some(s) = spec.sched.speculative.as_mut() {
+            s.disable_by_batch_size = Some(4);
+        }
+        let (got, eng) = run(&spec, &ps, &greedy, &|_| {});
+        assert_eq!(tokens(&got), tokens(&plain));
+        assert!(
+            eng.overlap_stats().steps_ahead > 0,
+            "{:?}",
+            eng.overlap_stats()
+        );
+        let s = eng.stats().scheduler.spec;
+        assert!(s.drafts > 0 && s.accepted_tokens > 0, "{s:?}");
+        assert_pools_full(&eng);
+    });
 }
 
 /// Records every stored block's tokens.
@@ -272,9 +275,9 @@ fn rejections_preemptions_and_aborts_return_every_block_and_cache_only_accepted_
     };
     setup.sched.preemption_mode = PreemptionMode::Auto;
     let setup = with_spec(&setup, 4);
-    for bad in [false, true] {
+    for (bad, overlapped) in [(false, false), (true, false), (false, true), (true, true)] {
         let stored = Stored::default();
-        let mut eng = common::engine_with(&setup, false);
+        let mut eng = common::engine_with(&setup, overlapped);
         eng.set_kv_event_sink(Box::new(stored.clone()));
         if bad {
             eng.set_proposer(Box::new(Bad(ChaCha8Rng::seed_from_u64(9))));

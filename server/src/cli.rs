@@ -327,8 +327,9 @@ pub struct EngineArgs {
     #[arg(long, global = true, value_enum, default_value_t = PreemptionArg::Auto)]
     pub preemption_mode: PreemptionArg,
     /// Schedule the next step while the executor runs the current one
-    /// (outputs unchanged; beam search, n > 1 forks, prompt_logprobs and
-    /// structured output fall back to a synchronous step).
+    /// (outputs unchanged; beam search, n > 1 forks, prompt_logprobs,
+    /// structured output and speculative steps fall back to a synchronous
+    /// step).
     #[arg(long, global = true)]
     pub async_scheduling: bool,
     /// Which executor runs the model.

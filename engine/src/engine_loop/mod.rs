@@ -54,7 +54,7 @@ use crate::scheduler::{
     validate_request, Ahead, Outputs, RequestId, RequestParams, SampleTarget, Scheduler,
     SchedulerConfig, SchedulerOutput, SchedulerStats, ValidRequest,
 };
-use crate::spec::governor::{Governor, StepSample};
+use crate::spec::governor::{Drafting, Governor, StepSample};
 use crate::spec::{NgramProposer, ProposeInput, Proposer, SpecConfig, SpecMethod};
 pub use draft::DraftProposer;
 pub use lora::LoraNames;
@@ -196,8 +196,9 @@ impl LlmEngine {
         self.proposer = Some(proposer);
     }
 
-    /// Asks the proposer for the next step's proposals of every sequence
-    /// that may speculate (`Scheduler::spec_candidates`); returns whether
+    /// Asks the proposer for the next step's proposals of the sequences
+    /// that may speculate (`Scheduler::spec_candidates`; while the
+    /// governor probes, only a few of them: `Drafting`); returns whether
     /// any may (whether or not the governor let them).
     fn propose(&mut self) -> bool {
         let Some(proposer) = self.proposer.as_mut() else {
@@ -209,26 +210,38 @@ impl LlmEngine {
         if candidates.is_empty() {
             return false;
         }
-        if self.governor.as_ref().is_some_and(|g| !g.speculate()) {
-            return true;
-        }
-        let scheduler = &self.scheduler;
-        let (ids, inputs): (Vec<_>, Vec<_>) = candidates
-            .iter()
-            .filter_map(|c| {
-                let seq = scheduler.group(c.request_id)?.seqs.first()?;
-                let input = ProposeInput {
-                    seq: c.seq_id,
-                    tokens: &seq.tokens,
-                    max: c.max,
-                };
-                Some((c.request_id, input))
-            })
-            .unzip();
-        let proposals = proposer.propose(&inputs);
-        drop(inputs);
-        for (id, p) in ids.into_iter().zip(proposals) {
-            self.scheduler.set_proposals(id, p);
+        let drafting = self
+            .governor
+            .as_ref()
+            .map_or(Drafting::All, |g| g.drafting());
+        let (order, most) = drafting.order(candidates.len());
+        let order: Vec<usize> = order.collect();
+        // Asked in rounds until `most` sequences have a proposal: one
+        // round unless some (n-gram lookup) come back empty.
+        let (mut asked, mut drafting) = (0, 0);
+        while drafting < most && asked < order.len() {
+            let round = &order[asked..(asked + most - drafting).min(order.len())];
+            asked += round.len();
+            let scheduler = &self.scheduler;
+            let (ids, inputs): (Vec<_>, Vec<_>) = round
+                .iter()
+                .filter_map(|&i| {
+                    let c = &candidates[i];
+                    let seq = scheduler.group(c.request_id)?.seqs.first()?;
+                    let input = ProposeInput {
+                        seq: c.seq_id,
+                        tokens: &seq.tokens,
+                        max: c.max,
+                    };
+                    Some((c.request_id, input))
+                })
+                .unzip();
+            let proposals = proposer.propose(&inputs);
+            drop(inputs);
+            for (id, p) in ids.into_iter().zip(proposals) {
+                drafting += usize::from(!p.is_empty());
+                self.scheduler.set_proposals(id, p);
+            }
         }
         true
     }
@@ -342,10 +355,7 @@ impl LlmEngine {
         let (result, masks) = self.execute_with_masks(&sched, &sampling);
         let t2 = Instant::now();
         let outcome = self.sample(&sched, result, &masks);
-        let accepted_before = self
-            .governor
-            .is_some()
-            .then(|| self.scheduler.stats().spec.accepted_tokens);
+        let accepted_before = self.accepted_tokens();
         self.scheduler.update_from_output(
             self.kv.as_mut(),
             &sched,
@@ -354,18 +364,53 @@ impl LlmEngine {
             &mut outs,
         );
         self.record_timings(t0, t1, t2);
-        if let (Some(g), Some(before)) = (self.governor.as_mut(), accepted_before) {
-            if could_speculate && decode_only(&sched) {
-                let accepted = self.scheduler.stats().spec.accepted_tokens - before;
-                g.record(StepSample {
-                    secs: t0.elapsed().as_secs_f64(),
-                    rows: sched.targets.len(),
-                    accepted: accepted as usize,
-                    speculated: !sched.spec.is_empty(),
-                });
-            }
-        }
+        let counted = could_speculate && decode_only(&sched);
+        self.govern(&sched, counted, accepted_before, t0);
         outs.into_list()
+    }
+
+    /// Proposals accepted so far (0 without a governor: only it reads them).
+    fn accepted_tokens(&self) -> u64 {
+        match self.governor {
+            Some(_) => self.scheduler.stats().spec.accepted_tokens,
+            None => 0,
+        }
+    }
+
+    /// Reports a step that began at `t0` and has been applied to the
+    /// governor, if `counted` (the steps it compares: decode only, with a
+    /// sequence that could speculate).
+    fn govern(
+        &mut self,
+        sched: &SchedulerOutput,
+        counted: bool,
+        accepted_before: u64,
+        t0: Instant,
+    ) {
+        if self.governor.is_none() || !counted {
+            return;
+        }
+        let accepted = self.accepted_tokens() - accepted_before;
+        if let Some(g) = self.governor.as_mut() {
+            g.record(StepSample {
+                secs: t0.elapsed().as_secs_f64(),
+                rows: sched.targets.len(),
+                drafted: sched.spec.iter().map(|s| s.proposals.len()).sum(),
+                accepted: accepted as usize,
+            });
+        }
+    }
+
+    /// Whether the next step should ask for proposals: a proposer, a load
+    /// that allows speculation, and a governor (if any) that does not say
+    /// plain.
+    fn wants_proposals(&self) -> bool {
+        self.proposer.is_some()
+            && self.scheduler.may_speculate()
+            && self
+                .governor
+                .as_ref()
+                .is_none_or(|g| g.drafting() != Drafting::Off)
     }
 
     /// Adds one step's schedule / execute / postprocess times (now is the end).
@@ -481,7 +526,8 @@ fn push_refused(sched: &SchedulerOutput, outs: &mut Outputs) {
 }
 
 /// True when every row of the step is a sampled row or a proposal (no
-/// prompt tokens): the steps the speculation governor compares.
+/// prompt tokens): the steps the speculation governor compares. Reads the
+/// batch: call it before the batch is moved out.
 fn decode_only(sched: &SchedulerOutput) -> bool {
     let proposals: usize = sched.spec.iter().map(|s| s.proposals.len()).sum();
     sched.prompt_targets.is_empty()

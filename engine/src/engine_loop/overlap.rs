@@ -16,6 +16,16 @@
 //!
 //! (The first call, with nothing in flight, schedules and launches N first.)
 //!
+//! Speculative decoding: proposals are made from a sequence's drawn tokens,
+//! and a step that verifies them decides how many tokens each sequence
+//! gains, so such steps are not scheduled ahead. Where the next step will
+//! ask for proposals (a proposer, a load under `disable_by_batch_size`, a
+//! governor that does not say plain) or N verified some, the iteration
+//! waits for N, applies it, then proposes, schedules and launches N+1
+//! (the synchronous loop's order, with the executor still on its thread).
+//! Plain stretches (speculation disabled by the batch size, or switched off
+//! by the governor) run ahead as above.
+//!
 //! Invariants:
 //! - a row of N+1 whose sequence finished, or was aborted, at N is stale
 //!   (`Scheduler::is_live`) and its draw is dropped. Its blocks are freed at
@@ -31,11 +41,11 @@
 //! Cost: two channel messages per step and one `HashMap` of the step's rows;
 //! host work of N+1's schedule and of N's update overlaps the executor.
 
-use super::{mask_work, place_masks, push_refused, LlmEngine, RequestOutput};
+use super::{decode_only, mask_work, place_masks, push_refused, LlmEngine, RequestOutput};
 use crate::error::EngineError;
 use crate::executor::{BlockOps, ExecError, Executor, ForwardBatch, Sampling, StepOutput};
 use crate::grammar::Mask;
-use crate::scheduler::{Outputs, SampleTarget, SchedulerOutput};
+use crate::scheduler::{Ahead, Outputs, SampleTarget, SchedulerOutput};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -141,6 +151,9 @@ impl Drop for ExecWorker {
 pub(super) struct InFlight {
     sched: SchedulerOutput,
     masks: Vec<Option<Mask>>,
+    /// Whether the speculation governor counts the step (decode only,
+    /// with a sequence that could speculate).
+    counted: bool,
 }
 
 impl LlmEngine {
@@ -148,25 +161,32 @@ impl LlmEngine {
     pub(super) fn step_overlapped(&mut self) -> Vec<RequestOutput> {
         let t0 = Instant::now();
         let mut outs = Outputs::default();
-        if self.in_flight.is_none() {
-            let sched = self.scheduler.schedule(self.kv.as_mut());
-            push_refused(&sched, &mut outs);
-            if sched.is_empty() {
-                self.timings.schedule += t0.elapsed();
-                return outs.into_list();
-            }
-            self.launch(sched);
-            self.mask_in_flight();
+        if self.in_flight.is_none() && !self.launch_now(&mut outs) {
+            self.timings.schedule += t0.elapsed();
+            return outs.into_list();
         }
         let Some(prev) = self.in_flight.take() else {
             return outs.into_list();
         };
-        let (mut next, mut ahead) = self
-            .scheduler
-            .schedule_ahead(self.kv.as_mut(), &prev.sched.targets);
-        push_refused(&next, &mut outs);
-        self.overlap.steps_ahead += u64::from(!next.is_empty());
-        self.overlap.seqs_ahead += ahead.len() as u64;
+        // Speculation: a step verifying proposals is not run ahead of (how
+        // many tokens its sequences gain is known only from its draws),
+        // and neither is one whose successor will ask for proposals (they
+        // are made from the sequences' drawn tokens).
+        let run_ahead = prev.sched.spec.is_empty() && !self.wants_proposals();
+        let (mut next, mut ahead) = if run_ahead {
+            let could_speculate = self.proposer.is_some() && self.scheduler.may_speculate();
+            let (next, ahead) = self
+                .scheduler
+                .schedule_ahead(self.kv.as_mut(), &prev.sched.targets);
+            (Some((next, could_speculate)), ahead)
+        } else {
+            (None, Ahead::none())
+        };
+        if let Some((next, _)) = &next {
+            push_refused(next, &mut outs);
+            self.overlap.steps_ahead += u64::from(!next.is_empty());
+            self.overlap.seqs_ahead += ahead.len() as u64;
+        }
         let t1 = Instant::now();
         let result = match &self.runner {
             Runner::Worker(w) => w.wait(),
@@ -175,11 +195,18 @@ impl LlmEngine {
         let t2 = Instant::now();
         self.overlap.stale_rows += stale_rows(self, &prev.sched.targets);
         let outcome = self.sample(&prev.sched, result, &prev.masks);
-        ahead.patch(&outcome.tokens(&prev.sched.targets), &mut next);
-        let launched = !next.is_empty();
-        if launched {
-            self.launch(next);
-        }
+        let launched = match next.as_mut() {
+            Some((next, could_speculate)) => {
+                ahead.patch(&outcome.tokens(&prev.sched.targets), next);
+                let launch = !next.is_empty();
+                if launch {
+                    self.launch(std::mem::take(next), *could_speculate);
+                }
+                launch
+            }
+            None => false,
+        };
+        let accepted_before = self.accepted_tokens();
         self.scheduler.update_from_output(
             self.kv.as_mut(),
             &prev.sched,
@@ -190,16 +217,35 @@ impl LlmEngine {
         if launched {
             // N's tokens are appended now: the masks of N+1 may see them.
             self.mask_in_flight();
+        } else if !run_ahead {
+            // N's tokens are appended: propose from them, launch N+1.
+            self.launch_now(&mut outs);
         }
         self.record_timings(t0, t1, t2);
+        self.govern(&prev.sched, prev.counted, accepted_before, t0);
         outs.into_list()
+    }
+
+    /// With nothing in flight: asks for proposals, schedules the next step
+    /// and launches it; false when there was nothing to run.
+    fn launch_now(&mut self, outs: &mut Outputs) -> bool {
+        let could_speculate = self.propose();
+        let sched = self.scheduler.schedule(self.kv.as_mut());
+        push_refused(&sched, outs);
+        if sched.is_empty() {
+            return false;
+        }
+        self.launch(sched, could_speculate);
+        self.mask_in_flight();
+        true
     }
 
     /// Sends a step to the worker (its masks come later, see
     /// [`Self::mask_in_flight`]).
-    fn launch(&mut self, mut sched: SchedulerOutput) {
+    fn launch(&mut self, mut sched: SchedulerOutput, could_speculate: bool) {
         // Before the batch is moved out: a refill may read its input ids.
         let sampling = self.sampling(&sched);
+        let counted = could_speculate && decode_only(&sched);
         let lora = self.lora.place(&sched);
         let job = Job {
             ops: std::mem::take(&mut sched.ops),
@@ -213,6 +259,7 @@ impl LlmEngine {
         self.in_flight = Some(InFlight {
             sched,
             masks: Vec::new(),
+            counted,
         });
     }
 

@@ -87,15 +87,6 @@ impl SchedulerConfig {
         }
         if let Some(spec) = &self.speculative {
             spec.validate()?;
-            if self.async_scheduling {
-                // Scheduled ahead, a sequence is always in flight, so it
-                // would never speculate (see `scheduler::spec`).
-                return bad(
-                    "speculative decoding runs with synchronous scheduling only: \
-                     drop --async-scheduling or --speculative-config"
-                        .into(),
-                );
-            }
         }
         Ok(())
     }

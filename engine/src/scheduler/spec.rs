@@ -74,17 +74,33 @@ fn plain(g: &SequenceGroup) -> bool {
 }
 
 impl Scheduler {
+    /// Whether speculation is on, the load allows it (fewer than
+    /// `disable_by_batch_size` requests running or waiting) and some
+    /// running group could speculate (whatever its sequence's progress).
+    pub fn may_speculate(&self) -> bool {
+        let load = self.running.len() + self.waiting.len() + self.swapped.len();
+        self.config
+            .speculative
+            .as_ref()
+            .is_some_and(|c| c.disable_by_batch_size.is_none_or(|n| load < n))
+            && self
+                .running
+                .iter()
+                .any(|key| self.groups.get(&key.id).is_some_and(plain))
+    }
+
     /// The running sequences that may speculate in the next step, with how
     /// many tokens each may take. Empty when speculation is off, or when
     /// `disable_by_batch_size` requests or more are running or waiting.
     pub fn spec_candidates(&self) -> Vec<SpecCandidate> {
-        let Some(cfg) = &self.config.speculative else {
+        let Some(cfg) = self
+            .config
+            .speculative
+            .as_ref()
+            .filter(|_| self.may_speculate())
+        else {
             return Vec::new();
         };
-        let load = self.running.len() + self.waiting.len() + self.swapped.len();
-        if cfg.disable_by_batch_size.is_some_and(|n| load >= n) {
-            return Vec::new();
-        }
         let max_model_len = self.config.max_model_len;
         self.running
             .iter()
