@@ -267,7 +267,7 @@ pub fn build_state(args: &ServeArgs) -> anyhow::Result<AppState> {
     Ok(state)
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
@@ -293,6 +293,15 @@ async fn shutdown_signal() {
 
 /// `server serve`: runs until SIGINT/SIGTERM.
 pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Tensor parallelism over MPI started as a plain command: this
+    // process becomes the HTTP front and starts the ranks itself.
+    if args.engine.tensor_parallel_size > 1
+        && args.engine.distributed_executor_backend == crate::cli::DistBackendArg::Mpi
+        && cfg!(feature = "mpi")
+        && !crate::tp_front::started_by_mpiexec()
+    {
+        return crate::tp_front::run_front(&args);
+    }
     if let Some(comm) = crate::tp::collective(&args.engine)? {
         if comm.rank() != 0 {
             return run_rank(&args.engine, &comm);

@@ -70,6 +70,9 @@ pub enum ApiError {
     /// The server is shutting down.
     #[error("The server is shutting down")]
     ShuttingDown,
+    /// The engine cannot take requests (yet, or any more), with why.
+    #[error("{0}")]
+    Unavailable(String),
     /// The engine failed (its typed chain, printed whole).
     #[error("Internal server error: {}", Report(.0))]
     Engine(EngineError),
@@ -124,7 +127,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ShuttingDown | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Engine(_) | ApiError::Grammar(_) | ApiError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -139,7 +142,7 @@ impl ApiError {
             }
             ApiError::Unauthorized => "AuthenticationError",
             ApiError::Overloaded(_) => "RateLimitError",
-            ApiError::ShuttingDown => "ServiceUnavailableError",
+            ApiError::ShuttingDown | ApiError::Unavailable(_) => "ServiceUnavailableError",
             ApiError::Engine(_) | ApiError::Grammar(_) | ApiError::Internal(_) => {
                 "InternalServerError"
             }

@@ -498,6 +498,22 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) -> std::io::Result<()> {
+    let handler = move |req| handle(Arc::clone(&state), req);
+    serve_with(listener, handler, shutdown, grace).await
+}
+
+/// [`serve`]'s connection loop around any request handler (the
+/// tensor-parallel front's forwarding: `crate::tp_front`).
+pub async fn serve_with<H, F>(
+    listener: TcpListener,
+    handler: H,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) -> std::io::Result<()>
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + 'static,
+    F: Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+{
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     // Slow or idle clients cannot hold a connection open without headers.
@@ -517,8 +533,7 @@ pub async fn serve(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let st = Arc::clone(&state);
-                let svc = hyper::service::service_fn(move |req| handle(Arc::clone(&st), req));
+                let svc = hyper::service::service_fn(handler.clone());
                 let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {

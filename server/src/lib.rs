@@ -25,4 +25,5 @@ pub mod spec_config;
 pub mod structured;
 pub mod tokenize;
 pub mod tp;
+pub mod tp_front;
 pub mod validate;

@@ -2,8 +2,11 @@
 //! `mpi`; CI installs MPICH): greedy ids over 2 and 3 ranks equal one
 //! rank's on the golden prompts, for SmolLM2 (quantized and float32),
 //! Qwen2.5-Coder-0.5B (uneven FFN blocks) and Gemma-3-270M (its one KV
-//! head replicated), all through HTTP on rank 0; and a rank killed
-//! mid-request ends the whole job, bounded, the client getting an error.
+//! head replicated), all through HTTP on rank 0; a rank killed
+//! mid-request ends the whole job, bounded, the client getting an error;
+//! and started without `mpiexec`, the server is the HTTP front of its own
+//! job: the golden ids again through it, and a killed rank gives its
+//! clients a 500 or an SSE error event before it exits non-zero.
 //!
 //! Every server runs `--batch-invariant`, so a prompt's ids do not depend
 //! on which prompts share its steps and the prompts can be sent at once.
@@ -56,16 +59,36 @@ fn mpiexec_available() -> bool {
     Command::new("mpiexec").arg("--version").output().is_ok()
 }
 
-/// Starts `ranks` ranks (1: the plain server, no MPI) on `model`, and
-/// waits until rank 0 answers /health.
+/// How the ranks start.
+#[derive(Clone, Copy, PartialEq)]
+enum Start {
+    /// `mpiexec -n N server ...`: rank 0 serves HTTP.
+    Mpiexec,
+    /// `server ...` alone: the HTTP front, which runs `mpiexec` itself.
+    Front,
+}
+
+/// Starts `ranks` ranks (1: the plain server, no MPI) on `model` under
+/// `mpiexec`, and waits until rank 0 answers /health.
 fn launch(ranks: usize, model: &Path, extra: &[&str]) -> Job {
+    launch_as(Start::Mpiexec, ranks, model, extra)
+}
+
+/// [`launch`], started as `start` says.
+fn launch_as(start: Start, ranks: usize, model: &Path, extra: &[&str]) -> Job {
     let port = free_port();
     let log = std::env::temp_dir().join(format!("tp-{port}.log"));
     let mut cmd = if ranks == 1 {
         Command::new(BIN)
     } else {
-        let mut c = Command::new("mpiexec");
-        c.args(["-n", &ranks.to_string(), BIN]);
+        let mut c = match start {
+            Start::Mpiexec => {
+                let mut c = Command::new("mpiexec");
+                c.args(["-n", &ranks.to_string(), BIN]);
+                c
+            }
+            Start::Front => Command::new(BIN),
+        };
         c.args(["--tensor-parallel-size", &ranks.to_string()]);
         c.args(["--distributed-executor-backend", "mpi"]);
         c
@@ -314,4 +337,113 @@ fn a_killed_rank_ends_the_job_and_the_client_gets_an_error() {
     assert!(!status.success(), "mpiexec exited {status}");
     assert!(rank_pids(&needle, 0).is_empty(), "rank 0 still runs");
     println!("job ended {:?} after the kill ({status})", killed.elapsed());
+}
+
+/// The processes below `pid` (children, their children, ...).
+fn descendants(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let p: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            // "pid (comm) state ppid ...": comm may hold spaces.
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+            Some((p, ppid.parse().ok()?))
+        })
+        .collect();
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let parent = out[i];
+        out.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    out.remove(0);
+    out
+}
+
+/// Whether `pid` names a process that has not exited (a zombie has).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| Some(s.rsplit_once(')')?.1.split_whitespace().next()? != "Z"))
+        .unwrap_or(false)
+}
+
+/// Started without `mpiexec`, the server is the HTTP front of its own
+/// job: the golden ids over 2 ranks through it; then, with rank 1 killed,
+/// an open stream gets an SSE error event, a waiting request a 500 with
+/// OpenAI's error body, and the front and every rank exit (bounded, the
+/// front non-zero).
+#[test]
+fn through_the_front_a_killed_rank_gives_clients_a_server_error() {
+    if !mpiexec_available() {
+        eprintln!("SKIP tensor parallel: no mpiexec (apt-get install mpich)");
+        return;
+    }
+    let Some(path) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let prompts = fixture("smollm2_golden.json");
+    let want = greedy(&launch(1, &path, &[]), &prompts[..4], 16);
+    let mut job = launch_as(Start::Front, 2, &path, &[]);
+    assert_eq!(greedy(&job, &prompts[..4], 16), want, "through the front");
+    let addr = job.addr();
+    let request = move |stream: bool| {
+        std::thread::spawn(move || {
+            let body = json!({"model": "m", "prompt": "Tell me a long story.",
+                "max_tokens": 800, "temperature": 0, "ignore_eos": true, "stream": stream});
+            http(addr, "POST", "/v1/completions", Some(&body))
+        })
+    };
+    let (streamed, waiting) = (request(true), request(false));
+    std::thread::sleep(Duration::from_secs(2));
+    let ranks = descendants(job.child.id());
+    let victim = rank_pids("--served-model-name", 1)
+        .into_iter()
+        .find(|p| ranks.contains(p))
+        .expect("rank 1 below the front");
+    Command::new("kill")
+        .args(["-KILL", &victim.to_string()])
+        .status()
+        .expect("kill");
+    let killed = Instant::now();
+    let (status, body) = streamed.join().expect("client").expect("a streamed answer");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("\"error\"") && body.contains("tensor-parallel"),
+        "no error event in the stream: {body}"
+    );
+    let tail = body.len().saturating_sub(400);
+    println!("the stream ended with: {}", &body[tail..]);
+    let (status, body) = waiting.join().expect("client").expect("an answer");
+    assert_eq!(status, 500, "{body}");
+    let err: Value = serde_json::from_str(&body).expect("OpenAI error body");
+    assert_eq!(err["error"]["type"], "InternalServerError", "{body}");
+    let status = loop {
+        if let Some(s) = job.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "the front still runs 60 s after a rank died:\n{}",
+            job.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success(), "the front exited {status}");
+    let left: Vec<u32> = ranks.into_iter().filter(|&p| alive(p)).collect();
+    assert!(left.is_empty(), "processes of the job still run: {left:?}");
+    println!(
+        "front ended {:?} after the kill ({status})",
+        killed.elapsed()
+    );
+    println!("the waiting request got 500: {body}");
 }
