@@ -25,7 +25,8 @@
 //!   (non-zero unless it asked the job to stop);
 //! - SIGINT/SIGTERM to the front reach the job as SIGTERM (rank 0 then
 //!   drains and tells the other ranks to stop), and the front waits for it
-//!   (bounded; SIGKILL after).
+//!   (bounded; SIGKILL after); a front that dies without cleaning up (even
+//!   by SIGKILL) leaves the job a SIGTERM (Linux: `PR_SET_PDEATHSIG`).
 //!
 //! Cost: one loopback HTTP/1.1 connection per request, and a copy of each
 //! body frame.
@@ -121,13 +122,24 @@ pub fn run_front(args: &ServeArgs) -> anyhow::Result<()> {
         let launcher = std::env::var("MPIEXEC").unwrap_or_else(|_| "mpiexec".into());
         let mut words = launcher.split_whitespace();
         let program = words.next().context("$MPIEXEC is empty")?;
-        let mut job = tokio::process::Command::new(program)
-            .args(words)
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(words)
             .args(["-n", &n.to_string()])
             .arg(std::env::current_exe()?)
             .args(rank_args(std::env::args_os().skip(1), upstream.port()))
             .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
+            .kill_on_drop(true);
+        #[cfg(target_os = "linux")]
+        // SAFETY: the closure runs in the forked child before exec and
+        // only calls prctl(2), which is async-signal-safe.
+        unsafe {
+            // The job gets SIGTERM if the front dies, even by SIGKILL.
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let mut job = cmd
             .spawn()
             .with_context(|| format!("cannot start `{launcher}` (apt-get install mpich)"))?;
         tracing::info!(

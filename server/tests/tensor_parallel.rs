@@ -447,3 +447,81 @@ fn through_the_front_a_killed_rank_gives_clients_a_server_error() {
     );
     println!("the waiting request got 500: {body}");
 }
+
+/// Waits (bounded) until none of `procs` runs.
+fn all_gone(procs: &[u32], within: Duration) -> Vec<u32> {
+    let start = Instant::now();
+    loop {
+        let left: Vec<u32> = procs.iter().copied().filter(|&p| alive(p)).collect();
+        if left.is_empty() || start.elapsed() > within {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// SIGKILL to the front (no clean-up of its own) still ends the job: the
+/// launcher gets SIGTERM when its parent dies.
+#[test]
+fn a_killed_front_leaves_no_rank_behind() {
+    if !mpiexec_available() {
+        eprintln!("SKIP tensor parallel: no mpiexec (apt-get install mpich)");
+        return;
+    }
+    let Some(path) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let job = launch_as(Start::Front, 2, &path, &[]);
+    let procs = descendants(job.child.id());
+    assert!(
+        procs.len() >= 3,
+        "mpiexec and two ranks below the front: {procs:?}"
+    );
+    Command::new("kill")
+        .args(["-KILL", &job.child.id().to_string()])
+        .status()
+        .expect("kill");
+    let left = all_gone(&procs, Duration::from_secs(30));
+    assert!(
+        left.is_empty(),
+        "processes of the job still run 30 s after: {left:?}"
+    );
+}
+
+/// SIGTERM to the front stops the job cleanly: the front exits 0 and no
+/// process of the job is left.
+#[test]
+fn sigterm_to_the_front_stops_every_rank() {
+    if !mpiexec_available() {
+        eprintln!("SKIP tensor parallel: no mpiexec (apt-get install mpich)");
+        return;
+    }
+    let Some(path) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let mut job = launch_as(Start::Front, 2, &path, &[]);
+    let procs = descendants(job.child.id());
+    assert!(
+        procs.len() >= 3,
+        "mpiexec and two ranks below the front: {procs:?}"
+    );
+    Command::new("kill")
+        .args(["-TERM", &job.child.id().to_string()])
+        .status()
+        .expect("kill");
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(s) = job.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(30),
+            "the front still runs 30 s after SIGTERM:\n{}",
+            job.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status}:\n{}", job.log_text());
+    let left: Vec<u32> = procs.into_iter().filter(|&p| alive(p)).collect();
+    assert!(left.is_empty(), "processes of the job still run: {left:?}");
+}
