@@ -291,6 +291,22 @@ pub(crate) async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
+/// The HTTP side's runtime (two workers: the engine has threads of its own).
+pub(crate) fn http_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
+
+/// Listens on `--host`/`--port`.
+pub(crate) async fn listen(http: &crate::cli::HttpArgs) -> anyhow::Result<tokio::net::TcpListener> {
+    let addr = format!("{}:{}", http.host, http.port);
+    tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
+}
+
 /// `server serve`: runs until SIGINT/SIGTERM.
 pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     // Tensor parallelism over MPI started as a plain command: this
@@ -308,15 +324,8 @@ pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let state = Arc::new(build_state(&args)?);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let addr = format!("{}:{}", args.http.host, args.http.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
+    http_runtime()?.block_on(async {
+        let listener = listen(&args.http).await?;
         tracing::info!(
             "serving {} at http://{}/v1",
             state.served_model_name,

@@ -109,15 +109,8 @@ impl Front {
 /// `server serve` as the front of an `N`-rank job (see the module docs).
 pub fn run_front(args: &ServeArgs) -> anyhow::Result<()> {
     let n = args.engine.tensor_parallel_size;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let addr = format!("{}:{}", args.http.host, args.http.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
+    crate::app::http_runtime()?.block_on(async {
+        let listener = crate::app::listen(&args.http).await?;
         let upstream = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let launcher = std::env::var("MPIEXEC").unwrap_or_else(|_| "mpiexec".into());
         let mut words = launcher.split_whitespace();
