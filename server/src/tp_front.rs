@@ -146,15 +146,15 @@ pub fn run_front(args: &ServeArgs) -> anyhow::Result<()> {
             gone: OnceLock::new(),
         });
         let stop = Arc::new(Notify::new());
-        let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Ends with whether the front asked the job to stop, and its status.
         let watcher = {
-            let (front, stop, asked) = (Arc::clone(&front), Arc::clone(&stop), Arc::clone(&asked));
+            let (front, stop) = (Arc::clone(&front), Arc::clone(&stop));
             async move {
                 let exited = tokio::select! {
                     status = job.wait() => Some(status),
                     () = crate::app::shutdown_signal() => None,
                 };
-                let status = match exited {
+                let ended = match exited {
                     Some(status) => {
                         let text = status
                             .as_ref()
@@ -162,28 +162,24 @@ pub fn run_front(args: &ServeArgs) -> anyhow::Result<()> {
                         let _ = front
                             .gone
                             .set(format!("the tensor-parallel job exited ({text})"));
-                        status.ok()
+                        (false, status.ok())
                     }
                     None => {
-                        asked.store(true, std::sync::atomic::Ordering::SeqCst);
                         let _ = front.gone.set("the server is shutting down".into());
-                        stop_job(&mut job).await
+                        (true, stop_job(&mut job).await)
                     }
                 };
                 stop.notify_one();
-                status
+                ended
             }
         };
         let watcher = tokio::spawn(watcher);
         let handler = move |req| forward(Arc::clone(&front), req);
         http::serve_with(listener, handler, stop.notified(), ANSWER_GRACE).await?;
-        let status = watcher.await?;
-        if asked.load(std::sync::atomic::Ordering::SeqCst) {
-            return Ok(());
-        }
-        match status {
-            Some(s) => anyhow::bail!("the tensor-parallel job exited ({s})"),
-            None => anyhow::bail!("the tensor-parallel job ended"),
+        match watcher.await? {
+            (true, _) => Ok(()),
+            (false, Some(s)) => anyhow::bail!("the tensor-parallel job exited ({s})"),
+            (false, None) => anyhow::bail!("the tensor-parallel job ended"),
         }
     })
 }

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_server");
@@ -136,6 +136,18 @@ fn launch_as(start: Start, ranks: usize, model: &Path, extra: &[&str]) -> Job {
 impl Job {
     fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// Waits until the job exits, at most `within` from `since`; panics
+    /// with `what` and the log past that.
+    fn wait_exit(&mut self, since: Instant, within: Duration, what: &str) -> ExitStatus {
+        loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                return s;
+            }
+            assert!(since.elapsed() < within, "{what}:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     fn log_text(&self) -> String {
@@ -323,17 +335,11 @@ fn a_killed_rank_ends_the_job_and_the_client_gets_an_error() {
         Some((status, body)) => assert!(status >= 500, "{status}: {body}"),
     }
     // The whole job ends, non-zero, within a bounded time.
-    let status = loop {
-        if let Some(s) = job.child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(60),
-            "the job still runs 60 s after a rank died:\n{}",
-            job.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = job.wait_exit(
+        killed,
+        Duration::from_secs(60),
+        "the job still runs 60 s after a rank died",
+    );
     assert!(!status.success(), "mpiexec exited {status}");
     assert!(rank_pids(&needle, 0).is_empty(), "rank 0 still runs");
     println!("job ended {:?} after the kill ({status})", killed.elapsed());
@@ -427,17 +433,11 @@ fn through_the_front_a_killed_rank_gives_clients_a_server_error() {
     assert_eq!(status, 500, "{body}");
     let err: Value = serde_json::from_str(&body).expect("OpenAI error body");
     assert_eq!(err["error"]["type"], "InternalServerError", "{body}");
-    let status = loop {
-        if let Some(s) = job.child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(60),
-            "the front still runs 60 s after a rank died:\n{}",
-            job.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = job.wait_exit(
+        killed,
+        Duration::from_secs(60),
+        "the front still runs 60 s after a rank died",
+    );
     assert!(!status.success(), "the front exited {status}");
     let left: Vec<u32> = ranks.into_iter().filter(|&p| alive(p)).collect();
     assert!(left.is_empty(), "processes of the job still run: {left:?}");
@@ -510,17 +510,11 @@ fn sigterm_to_the_front_stops_every_rank() {
         .status()
         .expect("kill");
     let sent = Instant::now();
-    let status = loop {
-        if let Some(s) = job.child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            sent.elapsed() < Duration::from_secs(30),
-            "the front still runs 30 s after SIGTERM:\n{}",
-            job.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = job.wait_exit(
+        sent,
+        Duration::from_secs(30),
+        "the front still runs 30 s after SIGTERM",
+    );
     assert!(status.success(), "{status}:\n{}", job.log_text());
     let left: Vec<u32> = procs.into_iter().filter(|&p| alive(p)).collect();
     assert!(left.is_empty(), "processes of the job still run: {left:?}");

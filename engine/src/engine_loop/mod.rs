@@ -218,9 +218,9 @@ impl LlmEngine {
         let order: Vec<usize> = order.collect();
         // Asked in rounds until `most` sequences have a proposal: one
         // round unless some (n-gram lookup) come back empty.
-        let (mut asked, mut drafting) = (0, 0);
-        while drafting < most && asked < order.len() {
-            let round = &order[asked..(asked + most - drafting).min(order.len())];
+        let (mut asked, mut proposed) = (0, 0);
+        while proposed < most && asked < order.len() {
+            let round = &order[asked..(asked + most - proposed).min(order.len())];
             asked += round.len();
             let scheduler = &self.scheduler;
             let (ids, inputs): (Vec<_>, Vec<_>) = round
@@ -239,7 +239,7 @@ impl LlmEngine {
             let proposals = proposer.propose(&inputs);
             drop(inputs);
             for (id, p) in ids.into_iter().zip(proposals) {
-                drafting += usize::from(!p.is_empty());
+                proposed += usize::from(!p.is_empty());
                 self.scheduler.set_proposals(id, p);
             }
         }

@@ -78,15 +78,21 @@ impl Scheduler {
     /// `disable_by_batch_size` requests running or waiting) and some
     /// running group could speculate (whatever its sequence's progress).
     pub fn may_speculate(&self) -> bool {
+        self.load_allows_speculation()
+            && self
+                .running
+                .iter()
+                .any(|key| self.groups.get(&key.id).is_some_and(plain))
+    }
+
+    /// Speculation is on and fewer than `disable_by_batch_size` requests
+    /// are running or waiting.
+    fn load_allows_speculation(&self) -> bool {
         let load = self.running.len() + self.waiting.len() + self.swapped.len();
         self.config
             .speculative
             .as_ref()
             .is_some_and(|c| c.disable_by_batch_size.is_none_or(|n| load < n))
-            && self
-                .running
-                .iter()
-                .any(|key| self.groups.get(&key.id).is_some_and(plain))
     }
 
     /// The running sequences that may speculate in the next step, with how
@@ -97,7 +103,7 @@ impl Scheduler {
             .config
             .speculative
             .as_ref()
-            .filter(|_| self.may_speculate())
+            .filter(|_| self.load_allows_speculation())
         else {
             return Vec::new();
         };

@@ -192,11 +192,6 @@ impl LaneActs {
             s,
         })
     }
-
-    /// Rows covered, padding included.
-    pub fn rows(&self) -> usize {
-        self.groups * self.width
-    }
 }
 
 /// True when `ty`'s two 16-halves of a 32-block may have different scales
