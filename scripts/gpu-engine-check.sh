@@ -7,16 +7,20 @@
 # measured twice: with CUDA graphs (the default) and with --enforce-eager.
 #
 # HERE (no GPU; nightly only for the PTX):
-#   scripts/gpu-engine-check.sh prepare
-#     -> target/gpu-engine        (binaries as one xz archive, PTX, the first 256 ShareGPT
-#                                  pairs, the GGUF's second part; under 64 MiB)
-#     -> target/gpu-engine-model  (the GGUF's first part, 60 MB)
+#   scripts/gpu-engine-check.sh prepare && scripts/gpu-check.sh prepare
+#     -> target/gpu-engine        (binaries and PTX as one xz archive, the first 256
+#                                  ShareGPT pairs, the GGUF's second part, the `gguf` wheel)
+#     -> target/gpu-engine-model  (the GGUF's first part, GPU_MODEL_PART1_BYTES, 56 MB)
+#     -> target/gpu-check         (the kernel bench, see gpu-check.sh)
 # THERE, two device-tool calls made back to back (the machine stays warm ~30 s after a
 # call and keeps /tmp; the 98 MB GGUF does not fit one 64 MiB carry):
-#   1. carry ["target/gpu-engine-model"]  command "bash scripts/gpu-engine-check.sh stash"
+#   1. carry ["target/gpu-engine-model", "target/gpu-check"]
+#      command "bash scripts/gpu-engine-check.sh stash; bash scripts/gpu-check.sh run"
+#      (the kernel bench, ~2 min, while the first part is stashed)
 #   2. carry ["target/gpu-engine"]        command "bash scripts/gpu-engine-check.sh run"
 #      (timeout_s 600). The second joins the parts, checks their sha256 and runs
-#      everything; the table is the last thing it prints (also $OUT/summary.md).
+#      everything, each stage under a timeout; the table is the last thing it prints
+#      (also $OUT/summary.md).
 #
 # cuBLAS: the engine finds CUDA 12 or 13 itself (engine/src/executor/gpu/cublas_path.rs);
 # `run` also points PAGED_ENGINE_CUBLAS at the PyTorch wheel's copy when python finds one.
@@ -62,15 +66,23 @@ prepare() {
   # The default GGUF in two parts (first part carried alone by the `stash` call).
   local gguf="$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
   rm -rf "$model_bundle"; mkdir -p "$model_bundle"
-  head -c 60000000 "$gguf" >"$model_bundle/model.part1"
-  tail -c +60000001 "$gguf" >"$bundle/model.part2"
+  local split=${GPU_MODEL_PART1_BYTES:-56000000}
+  head -c "$split" "$gguf" >"$model_bundle/model.part1"
+  tail -c +$((split + 1)) "$gguf" >"$bundle/model.part2"
   sha256sum "$gguf" | cut -d' ' -f1 >"$bundle/model.sha256"
+  # The `gguf` wheel for HF transformers' side of the table (pure Python, from PyPI).
+  mkdir -p "$bundle/whl"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$bundle/whl" gguf ||
+    echo "gguf wheel not fetched: the HF column will say why it could not run"
   strip "$bundle"/bin/* 2>/dev/null || true
   ls -l "$bundle/bin"
   # The binaries are ~80 MB stripped (each links tokenizers, gemm, ...), over the
-  # device tool's 64 MiB carry; they share most bytes, so one xz archive is ~12 MB.
-  tar -C "$bundle" -cJf "$bundle/bin.tar.xz" bin
-  rm -rf "$bundle/bin"
+  # device tool's 64 MiB carry; they share most bytes, so one xz archive with a large dictionary is much smaller.
+  # The PTX (~9 MB per arch) goes into the same archive: xz makes it ~0.7 MB.
+  # A dictionary larger than the whole tar lets xz share the bytes the binaries have in
+  # common (with the default 8 MiB window the archive was 37 MB; see the size printed).
+  XZ_OPT="-6 --lzma2=dict=256MiB" tar -C "$bundle" -cJf "$bundle/bin.tar.xz" bin ptx
+  rm -rf "$bundle/bin" "$bundle/ptx"
   du -sh "$bundle" "$model_bundle"  # each must stay under the 64 MiB carry
 }
 
@@ -103,12 +115,13 @@ find_model() {
 run() {
   local out=${OUT:-$bundle/out} status=0
   mkdir -p "$out"
-  bins="$bundle/bin"
+  bins="$bundle/bin" ptx="$bundle/ptx"
   if [ ! -d "$bins" ]; then
-    bins=$(mktemp -d)/bin
-    tar -C "$(dirname "$bins")" -xJf "$bundle/bin.tar.xz"
+    local unpacked; unpacked=$(mktemp -d)
+    tar -C "$unpacked" -xJf "$bundle/bin.tar.xz"
+    bins=$unpacked/bin ptx=$unpacked/ptx
   fi
-  export PAGED_ENGINE_PTX_DIR="$bundle/ptx" ENGINE_TEST_EXECUTORS=cuda
+  export PAGED_ENGINE_PTX_DIR="$ptx" ENGINE_TEST_EXECUTORS=cuda
   if [ -z "${PAGED_ENGINE_CUBLAS:-}" ]; then
     PAGED_ENGINE_CUBLAS=$(python3 - 2>/dev/null <<'PY' || true
 import glob, site
@@ -123,11 +136,18 @@ PY
     [ -n "$PAGED_ENGINE_CUBLAS" ] && export PAGED_ENGINE_CUBLAS || unset PAGED_ENGINE_CUBLAS
   fi
   { nvidia-smi -L || echo "nvidia-smi unavailable"; echo "PAGED_ENGINE_CUBLAS=${PAGED_ENGINE_CUBLAS:-(engine search)}"; } 2>&1 | tee "$out/device.txt"
+  # Every binary runs (a failure does not hide the others), each bounded so that a hang
+  # cannot eat the lease: ENGINE_TEST_TIMEOUT seconds per binary (default 90).
   (
     cd "$root/engine"
-    for t in "$bins"/engine-test-*; do echo "== $(basename "$t")"; "$t" --nocapture || exit 1; done
+    rc=0
+    for t in "$bins"/engine-test-*; do
+      echo "== $(basename "$t")"
+      timeout "${ENGINE_TEST_TIMEOUT:-90}" "$t" --nocapture || { echo "!! $(basename "$t") rc $?"; rc=1; }
+    done
+    exit $rc
   ) >"$out/engine-tests.log" 2>&1 || status=1
-  grep -E "SKIP|test result|FAILED|panicked" "$out/engine-tests.log" | head -40
+  grep -E "^== |^!! |SKIP|test result|FAILED|panicked" "$out/engine-tests.log" | head -60
   local model; model=$(find_model)
   if [ -z "$model" ]; then
     echo "SmolLM2 not found on this machine (make the stash call first): golden and throughput skipped" |
@@ -136,7 +156,7 @@ PY
   fi
   echo "model: $model" | tee -a "$out/device.txt"
   (cd "$root/tests" && PAGED_ENGINE_MODEL="$model" PAGED_ENGINE_FIXTURES="$root/tests/fixtures" \
-    "$bins/golden-gpu" smollm2_bf16_on_cuda --nocapture) \
+    timeout 120 "$bins/golden-gpu" smollm2_bf16_on_cuda --nocapture) \
     >"$out/golden-gpu.log" 2>&1 || status=1
   tail -n 15 "$out/golden-gpu.log"
   throughput "$model" "$out" || status=1
@@ -150,6 +170,7 @@ stop_server() {
   [ -n "$server_pid" ] || return 0
   kill "$server_pid" 2>/dev/null || true
   for _ in $(seq 100); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.2; done
+  kill -9 "$server_pid" 2>/dev/null || true
   server_pid=""
 }
 trap stop_server EXIT
@@ -164,8 +185,8 @@ serve_bench() {
   "$bins/server" --model "$model" --device cuda --dtype bfloat16 --port 8011 --max-num-seqs 256 \
     --served-model-name smollm2 "$@" >>"$out/server.log" 2>&1 &
   server_pid=$!
-  for _ in $(seq 120); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 1; done
-  python3 - "$bundle/sharegpt-256.jsonl" "$tokdir/tokenizer.json" "$out/throughput.json" "$prefix" <<'PY' || true
+  for _ in $(seq 60); do curl -sf http://127.0.0.1:8011/health >/dev/null && break; sleep 1; done
+  timeout "${SERVE_BENCH_TIMEOUT:-150}" python3 - "$bundle/sharegpt-256.jsonl" "$tokdir/tokenizer.json" "$out/throughput.json" "$prefix" <<'PY' || true
 import json, os, subprocess, sys, threading, time, urllib.request
 from tokenizers import Tokenizer
 data, tok_path, out, prefix = sys.argv[1:5]
@@ -177,7 +198,7 @@ def complete(prompt, n):
     body = json.dumps({"model": "smollm2", "prompt": prompt, "max_tokens": n,
                        "temperature": 0, "ignore_eos": True}).encode()
     req = urllib.request.Request(URL, body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
+    with urllib.request.urlopen(req, timeout=120) as r:
         return json.load(r)["usage"]["completion_tokens"]
 
 def busy_sampler(samples, stop):
@@ -226,7 +247,13 @@ throughput() {
   rm -f "$out/throughput.json" "$out/server.log"
   serve_bench "$model" "$out" "$tokdir" ours_
   serve_bench "$model" "$out" "$tokdir" eager_ --enforce-eager
-  python3 - "$model" "$bundle/sharegpt-256.jsonl" "$tokdir/tokenizer.json" "$out/throughput.json" \
+  # transformers reads a GGUF through the `gguf` package, which the machine's image lacks:
+  # `prepare` puts its wheel (pure Python) in the bundle.
+  if ls "$bundle"/whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gguf-site "$bundle"/whl/*.whl &&
+      export PYTHONPATH=/tmp/gguf-site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  timeout "${HF_BENCH_TIMEOUT:-180}" python3 - "$model" "$bundle/sharegpt-256.jsonl" "$tokdir/tokenizer.json" "$out/throughput.json" \
     >"$out/transformers.log" 2>&1 <<'PY' || true
 import json, os, sys, time, torch
 from tokenizers import Tokenizer
