@@ -72,6 +72,8 @@ struct Run {
     tok_s: f64,
     /// Milliseconds per timed step.
     step_ms: f64,
+    /// Timed steps.
+    steps: usize,
     tokens: Vec<Vec<u32>>,
     stats: engine::scheduler::SpecStats,
 }
@@ -133,6 +135,7 @@ fn run(
     Ok(Run {
         tok_s: (after - before) as f64 / secs,
         step_ms: 1e3 * secs / steps.max(1) as f64,
+        steps,
         tokens: (0..prompts.len())
             .map(|i| out.remove(&RequestId(i as u64)).unwrap_or_default())
             .collect(),
@@ -183,8 +186,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         path.display(),
         engine::model::quant::Isa::best()
     );
-    println!("| workload | batch | plain tok/s | ngram tok/s | speedup | adaptive tok/s | speedup | acceptance | mean accepted / draft | ms / step plain, ngram | outputs differing |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| workload | batch | plain tok/s | ngram tok/s | speedup | adaptive tok/s | speedup | acceptance | mean accepted / draft | sequence-steps drafting | ms / step plain, ngram | outputs differing |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let adaptive = SpecConfig {
         adaptive: true,
         ..spec.clone()
@@ -209,6 +212,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut adapt = Vec::new();
         let mut reference: Option<Vec<Vec<u32>>> = None;
         let mut stats = engine::scheduler::SpecStats::default();
+        let mut spec_steps = 0;
         let mut differ = 0;
         let mut step_ms = [0.0f64; 2];
         for _ in 0..2 {
@@ -234,6 +238,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         fast.push(r.tok_s);
                         step_ms[1] += r.step_ms / 2.0;
                         stats = r.stats;
+                        spec_steps = r.steps;
                     }
                     _ => adapt.push(r.tok_s),
                 }
@@ -242,7 +247,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         let (p, f, a) = (mean(&plain), mean(&fast), mean(&adapt));
         println!(
-            "| {name} | {} | {p:.1} ({:.1}, {:.1}) | {f:.1} ({:.1}, {:.1}) | {:.2}x | {a:.1} ({:.1}, {:.1}) | {:.2}x | {:.1}% | {:.2} | {:.1}, {:.1} | {differ} |",
+            "| {name} | {} | {p:.1} ({:.1}, {:.1}) | {f:.1} ({:.1}, {:.1}) | {:.2}x | {a:.1} ({:.1}, {:.1}) | {:.2}x | {:.1}% | {:.2} | {:.0}% | {:.1}, {:.1} | {differ} |",
             prompts.len(),
             plain[0],
             plain[1],
@@ -254,6 +259,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             a / p,
             100.0 * stats.accepted_tokens as f64 / stats.draft_tokens.max(1) as f64,
             stats.accepted_tokens as f64 / stats.drafts.max(1) as f64,
+            100.0 * stats.drafts as f64 / (spec_steps * prompts.len()).max(1) as f64,
             step_ms[0],
             step_ms[1],
         );
