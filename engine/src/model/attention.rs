@@ -108,6 +108,10 @@ pub struct AttnParams {
     pub scale: f32,
     /// Sliding window: a query at `p` sees keys `p + 1 - w ..= p`; `None` = all.
     pub window: Option<usize>,
+    /// Lets the 512-bit loops run where the CPU has them (the same bits;
+    /// see [`attn_rows::scores`]): the model's kernel family decides, so
+    /// forcing AVX2 measures the AVX2 path whole.
+    pub wide: bool,
 }
 
 impl AttnParams {
@@ -116,6 +120,7 @@ impl AttnParams {
         Self {
             scale: 1.0 / (head_dim as f32).sqrt(),
             window: None,
+            wide: true,
         }
     }
 }
@@ -236,7 +241,7 @@ fn attend_task<E: KvElem>(
         addrs.clear();
         keys.each(first, n_keys, |_, at| addrs.push(at));
         scores.resize(task.heads * addrs.len(), 0.0);
-        attn_rows::scores(qv, hd, &layer.k, addrs, params.scale, scores);
+        attn_rows::scores(qv, hd, &layer.k, addrs, params.scale, scores, params.wide);
         for head_scores in scores.chunks_exact_mut(addrs.len().max(1)) {
             softmax_in_place(head_scores);
         }
@@ -250,7 +255,7 @@ fn attend_task<E: KvElem>(
                 width,
             )
         };
-        attn_rows::weighted_sum(scores, &layer.v, addrs, hd, o);
+        attn_rows::weighted_sum(scores, &layer.v, addrs, hd, o, params.wide);
     }
 }
 

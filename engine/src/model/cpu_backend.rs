@@ -117,9 +117,18 @@ impl CpuModel {
 
     /// The quantized kernels' family for every layer (default
     /// [`Isa::best`]; a family the CPU lacks falls back inside the
-    /// kernels). For side-by-side measurements of two ISAs in one process.
+    /// kernels), which also decides whether attention may use its 512-bit
+    /// loops. For side-by-side measurements of two ISAs in one process.
     pub fn set_isa(&mut self, isa: Isa) {
         self.matrices_mut().into_iter().for_each(|m| m.isa = isa);
+    }
+
+    /// Whether attention may run its 512-bit loops: the layers' kernel
+    /// family is AVX-512 ([`Self::set_isa`]).
+    fn wide_attention(&self) -> bool {
+        self.matrices()
+            .first()
+            .is_none_or(|m| m.isa == Isa::Avx512Vnni)
     }
 
     /// Bytes held by the weight matrices (quantized ones at their size).
@@ -181,6 +190,7 @@ impl CpuModel {
             });
         }
         let mut step = CpuStep::new(batch, cache, d);
+        step.wide_attention = self.wide_attention();
         step.lora = lora;
         step.tp = tp;
         self.run(&mut step)?;
@@ -222,6 +232,8 @@ pub struct CpuStep<'a> {
     lora: Option<CpuLora<'a>>,
     /// This rank's collectives and shard under tensor parallelism.
     tp: Option<&'a TpRank>,
+    /// [`AttnParams::wide`] for every layer.
+    wide_attention: bool,
 }
 
 /// A step's adapters on the CPU: each slot's prepared weights and the rows
@@ -245,6 +257,7 @@ impl<'a> CpuStep<'a> {
             logits: None,
             lora: None,
             tp: None,
+            wide_attention: true,
         }
     }
 
@@ -402,6 +415,7 @@ impl Backend for CpuStep<'_> {
         let params = AttnParams {
             scale: a.scale,
             window: a.window,
+            wide: self.wide_attention,
         };
         let (outb, qkvb) = io(&mut self.bufs, out, qkv)?;
         let layer = self.cache.layer_mut(a.layer);

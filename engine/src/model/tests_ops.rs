@@ -355,6 +355,7 @@ fn sliding_window_attention_equals_masked_naive() {
         let params = AttnParams {
             scale: 0.37,
             window: Some(w),
+            wide: true,
         };
         check_paged_attention_with(
             &[(5, 5), (1, 23), (7, 40), (1, 1), (20, 20)],
