@@ -218,6 +218,23 @@ impl Tile {
         let gp = kp / GROUP;
         self.rows = nr;
         self.w16.resize(NR * kp, 0);
+        // The next tile's bytes (they follow these rows) while this one
+        // decodes.
+        #[cfg(target_arch = "x86_64")]
+        if let Some(next) = w
+            .bytes
+            .get((j + nr) * rb..((j + 2 * nr) * rb).min(w.bytes.len()))
+        {
+            for off in (0..next.len()).step_by(64) {
+                // SAFETY: a prefetch is a hint that never faults; the
+                // address is inside `next`.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        next.as_ptr().add(off).cast(),
+                    )
+                };
+            }
+        }
         for t in 0..NR {
             let w16 = &mut self.w16[t * kp..t * kp + k];
             let a8 = &mut self.a8[t * kp / 4..t * kp / 4 + k / 4];
