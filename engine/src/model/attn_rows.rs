@@ -230,6 +230,24 @@ mod x86 {
         }
     }
 
+    /// Eight pool values at `p` as f32 (f16 widened by one `vcvtph2ps`).
+    ///
+    /// # Safety
+    /// `p` is valid for reading eight elements; AVX2 and F16C (enabled at
+    /// compile time: the module's cfg).
+    #[inline(always)]
+    pub(super) unsafe fn load8<E: KvElem>(p: *const E) -> __m256 {
+        // SAFETY: the caller's contract; `E` is f16 or f32 (sealed), so
+        // the eight elements are 16 or 32 readable bytes.
+        unsafe {
+            if E::IS_F16 {
+                _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+            } else {
+                _mm256_loadu_ps(p.cast())
+            }
+        }
+    }
+
     /// `[a b c d]`: the horizontal sums of four vectors.
     ///
     /// # Safety
@@ -271,7 +289,7 @@ mod x86 {
                 let k = [pp.add(addrs[i]), pp.add(addrs[i + 1])];
                 let mut acc = [[zero; H]; 2];
                 for d in (0..hd).step_by(8) {
-                    let kv = [E::load8(k[0].add(d)), E::load8(k[1].add(d))];
+                    let kv = [load8(k[0].add(d)), load8(k[1].add(d))];
                     for h in 0..H {
                         let qd = _mm256_loadu_ps(qp.add(h * hd + d));
                         acc[0][h] = _mm256_fmadd_ps(qd, kv[0], acc[0][h]);
@@ -355,7 +373,7 @@ mod x86 {
                 let v = pool.as_ptr().add(a + c0);
                 let mut vals = [_mm256_setzero_ps(); W];
                 for (w, x) in vals.iter_mut().enumerate() {
-                    *x = E::load8(v.add(8 * w));
+                    *x = load8(v.add(8 * w));
                 }
                 for h in 0..H {
                     let pj = _mm256_set1_ps(*p.get_unchecked(h * n + j));

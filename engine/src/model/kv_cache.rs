@@ -69,42 +69,9 @@ pub trait KvElem: Copy + Default + Send + Sync + sealed::Sealed + 'static {
     fn to_f32(self) -> f32;
     /// `q . k`, in any order of summation (the portable attention path).
     fn dot(q: &[f32], k: &[Self]) -> f32;
-    /// Eight values from `p` as f32.
-    ///
-    /// # Safety
-    /// `p` must be valid for reading eight elements.
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
-    /// Eight values from `p0` (low half) and eight from `p1` (high half)
-    /// as f32.
-    ///
-    /// # Safety
-    /// Each pointer must be valid for reading eight elements; the CPU must
-    /// have AVX-512 F and DQ, and the caller must enable them (the body is
-    /// inlined into it).
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    unsafe fn load8x2(p0: *const Self, p1: *const Self) -> std::arch::x86_64::__m512;
-    /// Sixteen values from `p` as f32.
-    ///
-    /// # Safety
-    /// As [`KvElem::load8x2`], for sixteen elements at `p`.
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// True for f16 (the SIMD attention loops widen such values as they
+    /// load them; see `attn_rows`).
+    const IS_F16: bool;
 }
 
 mod sealed {
@@ -114,6 +81,8 @@ mod sealed {
 }
 
 impl KvElem for f32 {
+    const IS_F16: bool = false;
+
     fn store(dst: &mut [f32], src: &[f32]) {
         dst.copy_from_slice(src);
     }
@@ -125,54 +94,11 @@ impl KvElem for f32 {
     fn dot(q: &[f32], k: &[f32]) -> f32 {
         super::ops::dot(q, k)
     }
-
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    #[inline(always)]
-    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
-        // SAFETY: the caller's contract (8 readable elements); AVX is
-        // enabled at compile time (the cfg).
-        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
-    }
-
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    #[inline(always)]
-    unsafe fn load8x2(p0: *const f32, p1: *const f32) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        // SAFETY: the caller's contract (8 readable f32 at each pointer,
-        // AVX-512 F/DQ enabled in the caller).
-        unsafe {
-            _mm512_insertf32x8::<1>(
-                _mm512_castps256_ps512(_mm256_loadu_ps(p0)),
-                _mm256_loadu_ps(p1),
-            )
-        }
-    }
-
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    #[inline(always)]
-    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
-        // SAFETY: the caller's contract (16 readable f32, AVX-512 F enabled
-        // in the caller).
-        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
-    }
 }
 
 impl KvElem for f16 {
+    const IS_F16: bool = true;
+
     fn store(dst: &mut [f16], src: &[f32]) {
         use half::slice::HalfFloatSliceExt;
         dst.convert_from_f32_slice(src);
@@ -184,51 +110,6 @@ impl KvElem for f16 {
 
     fn dot(q: &[f32], k: &[f16]) -> f32 {
         q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum()
-    }
-
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    #[inline(always)]
-    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
-        use std::arch::x86_64::*;
-        // SAFETY: the caller's contract (8 readable f16, 16 bytes); F16C is
-        // enabled at compile time (the cfg).
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
-    }
-
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    #[inline(always)]
-    unsafe fn load8x2(p0: *const f16, p1: *const f16) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        // SAFETY: the caller's contract (8 readable f16 at each pointer,
-        // AVX-512 F enabled in the caller): one conversion of 16 values.
-        unsafe {
-            let lo = _mm256_castsi128_si256(_mm_loadu_si128(p0.cast()));
-            _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(lo, _mm_loadu_si128(p1.cast())))
-        }
-    }
-
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        target_feature = "f16c"
-    ))]
-    #[inline(always)]
-    unsafe fn load16(p: *const f16) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        // SAFETY: the caller's contract (16 readable f16, 32 bytes; AVX-512
-        // F enabled in the caller).
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
     }
 }
 

@@ -32,6 +32,44 @@ use std::arch::x86_64::*;
 use super::x86::{hsum4, prefetch_key, sum_chunk, AHEAD};
 use super::KvElem;
 
+/// Eight pool values from `p0` (low half) and eight from `p1` (high half)
+/// as f32 (f16: one conversion of 16).
+///
+/// # Safety
+/// Each pointer is valid for reading eight elements; the caller enables
+/// AVX-512 F/DQ, AVX2 and F16C (the body is inlined into it).
+#[inline(always)]
+unsafe fn load8x2<E: KvElem>(p0: *const E, p1: *const E) -> __m512 {
+    // SAFETY: the caller's contract; `E` is f16 or f32 (sealed).
+    unsafe {
+        if E::IS_F16 {
+            let lo = _mm256_castsi128_si256(_mm_loadu_si128(p0.cast()));
+            _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(lo, _mm_loadu_si128(p1.cast())))
+        } else {
+            _mm512_insertf32x8::<1>(
+                _mm512_castps256_ps512(_mm256_loadu_ps(p0.cast())),
+                _mm256_loadu_ps(p1.cast()),
+            )
+        }
+    }
+}
+
+/// Sixteen pool values at `p` as f32.
+///
+/// # Safety
+/// As [`load8x2`], for sixteen elements at `p`.
+#[inline(always)]
+unsafe fn load16<E: KvElem>(p: *const E) -> __m512 {
+    // SAFETY: the caller's contract; `E` is f16 or f32 (sealed).
+    unsafe {
+        if E::IS_F16 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+        } else {
+            _mm512_loadu_ps(p.cast())
+        }
+    }
+}
+
 /// True when the CPU has AVX-512 F and DQ (checked once per process).
 pub(super) fn available() -> bool {
     static ZMM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -78,8 +116,8 @@ pub(super) unsafe fn scores4<E: KvElem, const H: usize>(
             let mut acc = [[zero; H]; 2];
             for d in (0..hd).step_by(8) {
                 let kv = [
-                    E::load8x2(k[0].add(d), k[1].add(d)),
-                    E::load8x2(k[2].add(d), k[3].add(d)),
+                    load8x2(k[0].add(d), k[1].add(d)),
+                    load8x2(k[2].add(d), k[3].add(d)),
                 ];
                 for h in 0..H {
                     let qd = _mm512_broadcast_f32x8(_mm256_loadu_ps(qp.add(h * hd + d)));
@@ -176,7 +214,7 @@ unsafe fn sum_chunk16<E: KvElem, const H: usize, const W: usize>(
             let v = pool.as_ptr().add(a + c0);
             let mut vals = [_mm512_setzero_ps(); W];
             for (w, x) in vals.iter_mut().enumerate() {
-                *x = E::load16(v.add(16 * w));
+                *x = load16(v.add(16 * w));
             }
             for h in 0..H {
                 let pj = _mm512_set1_ps(*p.get_unchecked(h * n + j));
