@@ -17,12 +17,16 @@
 //! files use). To compare two builds, copy one binary aside and run both
 //! alternately.
 
+use engine::model::par;
 use engine::model::quant::{matmul, ActPrecision, Isa, QMatrix, QuantizedActs};
 use model_loader::quant::quantize;
 use model_loader::QuantType;
 use std::time::Instant;
 
 const ROUNDS: usize = 7;
+
+/// Threads of the "2 threads" columns (the matmuls' pool is sized once).
+const THREADS: usize = 2;
 
 /// `rows x k` matrix of `ty` with about `bytes` bytes, built by repeating a
 /// 256-row quantized pattern (quantizing ~100 MB of f32 would take long).
@@ -75,9 +79,10 @@ fn thread_seconds() -> f64 {
     T0.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 
-/// Weight GB/s of `m`-row products under each of `isas` on a pool of
-/// `threads` (one thread: per CPU second of that thread; two: per wall
-/// second), the families alternating round by round; medians.
+/// Weight GB/s of `m`-row products under each of `isas` on `threads` of
+/// the forward pass's pool (1, or all [`THREADS`]; one thread: per CPU
+/// second of that thread; two: per wall second), the families alternating
+/// round by round; medians.
 fn rates(
     w: &QMatrix,
     act: &QuantizedActs,
@@ -85,13 +90,16 @@ fn rates(
     threads: usize,
     min_bytes: usize,
 ) -> Vec<f64> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("pool");
     let mut out = vec![0f32; act.m * w.rows];
     let iters = (min_bytes / w.bytes.len()).max(1);
-    pool.install(|| {
+    let run = |f: &mut dyn FnMut() -> Vec<f64>| {
+        if threads == 1 {
+            par::serially(f)
+        } else {
+            f()
+        }
+    };
+    run(&mut || {
         for &isa in isas {
             matmul(act, w, &mut out, w.rows, false, isa);
         }
@@ -148,6 +156,9 @@ fn read_bandwidth(threads: usize) -> f64 {
 }
 
 fn main() {
+    // The matmuls run on the forward pass's pool (`par`), not on rayon's:
+    // size it before its first use; one-thread columns run `serially`.
+    assert!(par::set_threads(THREADS), "the pool was sized before main");
     let args: Vec<String> = std::env::args().skip(1).collect();
     let prec = if args.iter().any(|a| a == "--one8") {
         ActPrecision::One8
@@ -213,7 +224,7 @@ fn main() {
         }
         let big = matrix(ty, k, 96 << 20);
         let d1 = rates(&big, &act, &isas, 1, 256 << 20);
-        let d2 = rates(&big, &act, &isas, 2, 256 << 20);
+        let d2 = rates(&big, &act, &isas, THREADS, 256 << 20);
         println!(
             "{:<5} k {k:>4}: L2 1 thread {}   DRAM 1 thread {}   DRAM 2 threads {}",
             ty.name(),

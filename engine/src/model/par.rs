@@ -209,10 +209,33 @@ impl Pool {
     }
 }
 
+thread_local! {
+    /// Set while this thread is inside [`serially`].
+    static SERIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every region it starts on this thread run serially on
+/// this thread (the pool's other threads stay out): one-thread speed
+/// where the pool has several, for benchmarks that measure both.
+pub fn serially<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SERIAL.with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(SERIAL.with(|s| s.replace(true)));
+    f()
+}
+
 /// Runs `f(0)`, ..., `f(n - 1)` on the pool's threads and the calling one,
 /// and returns when all have finished. Tasks may run in any order and
 /// concurrently. A panic in a task is resumed here once the region is over.
 pub fn for_each<F: Fn(usize) + Sync>(n: usize, f: F) {
+    if n > 1 && SERIAL.with(|s| s.get()) {
+        (0..n).for_each(f);
+        return;
+    }
     if n <= 1 {
         if n == 1 {
             f(0);
@@ -363,6 +386,22 @@ mod tests {
         check_once(|n, f| for_each(n, f));
         let p = private(3);
         check_once(|n, f| p.for_each(n, f));
+    }
+
+    #[test]
+    fn serially_keeps_every_task_on_the_calling_thread() {
+        let me = std::thread::current().id();
+        let elsewhere = AtomicUsize::new(0);
+        serially(|| {
+            for_each(64, |_| {
+                if std::thread::current().id() != me {
+                    elsewhere.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        });
+        assert_eq!(elsewhere.load(Ordering::Relaxed), 0);
+        assert!(!SERIAL.with(|s| s.get()), "the flag is restored");
+        check_once(|n, f| serially(|| for_each(n, f)));
     }
 
     #[test]
