@@ -7,8 +7,8 @@
 //!
 //! Types: `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0` here (AVX2 below, and on
 //! CPUs with AVX-512 F/BW/VNNI the 512-bit kernels of [`zmm`], two blocks
-//! per vector with prefetching), `Q4_K`, `Q5_K` and `Q6_K` in
-//! [`super::gemv_k`], on AVX2 / AVX-512 VNNI; every other type and the
+//! per vector with prefetching), `Q4_K`, `Q5_K` and `Q6_K` in [`ymm_k`]
+//! and [`zmm_k`] (their arithmetic in [`super::gemv_k`]); every other type and the
 //! scalar ISA go through the tile path ([`super::tile`]).
 //!
 //! Per 32-block `c` of a row with scale `dw` (and min `mw` for `Q4_1`):
@@ -26,9 +26,9 @@ use model_loader::QuantType;
 
 use super::act::QuantizedActs;
 #[cfg(target_arch = "x86_64")]
-use super::gemv_k;
-#[cfg(target_arch = "x86_64")]
 mod packed;
+#[cfg(target_arch = "x86_64")]
+mod ymm_k;
 #[cfg(target_arch = "x86_64")]
 mod ymm_k_rows;
 #[cfg(target_arch = "x86_64")]
@@ -101,44 +101,26 @@ pub fn dot_rows(
         // `w.ty`, `qx` k levels, `dx` k / 32 scales, `sx` k / 16 sums
         // (`QuantizedActs::row`, the assert above).
         unsafe {
+            let zmm = vnni && zmm::available();
+            // The K-quants: 512-bit kernels, or (AVX2, and VNNI CPUs
+            // without AVX-512 BW/VL) the 256-bit ones.
             macro_rules! call_k {
-                ($f:ident $(, $q5:literal)?) => {
-                    for (o, row) in res.iter_mut().zip(&rows).take(nr) {
-                        *o = if row_lo {
-                            gemv_k::x86::$f::<$($q5,)? true>(row, qx, lo, dx, sx)
-                        } else {
-                            gemv_k::x86::$f::<$($q5,)? false>(row, qx, lo, dx, sx)
-                        };
+                ($m:ident) => {
+                    match (w.ty, row_lo) {
+                        (QuantType::Q4K, false) => $m::q4k::<false, false>(&rows, qx, lo, dx, sx, res),
+                        (QuantType::Q4K, true) => $m::q4k::<false, true>(&rows, qx, lo, dx, sx, res),
+                        (QuantType::Q5K, false) => $m::q4k::<true, false>(&rows, qx, lo, dx, sx, res),
+                        (QuantType::Q5K, true) => $m::q4k::<true, true>(&rows, qx, lo, dx, sx, res),
+                        (QuantType::Q6K, false) => $m::q6k::<false>(&rows, qx, lo, dx, sx, res),
+                        (QuantType::Q6K, true) => $m::q6k::<true>(&rows, qx, lo, dx, sx, res),
+                        _ => {}
                     }
                 };
             }
-            let zmm = vnni && zmm::available();
-            match (w.ty, row_lo) {
-                (QuantType::Q4K, false) if zmm => {
-                    zmm_k::q4k::<false, false>(&rows, qx, lo, dx, sx, res)
-                }
-                (QuantType::Q4K, true) if zmm => {
-                    zmm_k::q4k::<false, true>(&rows, qx, lo, dx, sx, res)
-                }
-                (QuantType::Q5K, false) if zmm => {
-                    zmm_k::q4k::<true, false>(&rows, qx, lo, dx, sx, res)
-                }
-                (QuantType::Q5K, true) if zmm => {
-                    zmm_k::q4k::<true, true>(&rows, qx, lo, dx, sx, res)
-                }
-                (QuantType::Q6K, false) if zmm => zmm_k::q6k::<false>(&rows, qx, lo, dx, sx, res),
-                (QuantType::Q6K, true) if zmm => zmm_k::q6k::<true>(&rows, qx, lo, dx, sx, res),
-                _ => {}
-            }
-            match (w.ty, vnni) {
-                _ if zmm => {}
-                (QuantType::Q4K, false) => call_k!(q4k_avx2, false),
-                (QuantType::Q4K, true) => call_k!(q4k_vnni, false),
-                (QuantType::Q5K, false) => call_k!(q4k_avx2, true),
-                (QuantType::Q5K, true) => call_k!(q4k_vnni, true),
-                (QuantType::Q6K, false) => call_k!(q6k_avx2),
-                (QuantType::Q6K, true) => call_k!(q6k_vnni),
-                _ => {}
+            if zmm {
+                call_k!(zmm_k);
+            } else {
+                call_k!(ymm_k);
             }
             if matches!(w.ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q6K) {
                 return true;

@@ -19,6 +19,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::gemv_k::x86::q4k_scale_bytes;
 use super::super::kernels::x86::hsum;
 use super::super::NR;
 use super::zmm::{lanes, PF_GROUPS};
@@ -104,16 +105,8 @@ pub(super) unsafe fn q4k_block<const Q5: bool>(blk: *const u8) -> (__m256, __m25
     // SAFETY: every load lies in the block (the contract).
     unsafe {
         let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(blk.cast::<i32>().read_unaligned()));
-        let u = |i: usize| blk.add(4 + 4 * i).cast::<u32>().read_unaligned();
-        let (u0, u1, u2) = (u(0), u(1), u(2));
-        // llama.cpp's unpacking: bytes 0-7 the scales, 8-15 the mins.
-        let (k1, k2, k3) = (0x3f3f_3f3f_u32, 0x0f0f_0f0f_u32, 0x0303_0303_u32);
-        let sm = _mm_set_epi32(
-            (((u2 >> 4) & k2) | (((u1 >> 6) & k3) << 4)) as i32,
-            (u1 & k1) as i32,
-            ((u2 & k2) | (((u0 >> 6) & k3) << 4)) as i32,
-            (u0 & k1) as i32,
-        );
+        // Bytes 0-7 the scales, 8-15 the mins.
+        let sm = q4k_scale_bytes(blk);
         let smf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm));
         let d = _mm256_broadcastss_ps(dd);
         let dmin = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), _mm256_set1_epi32(1));

@@ -35,21 +35,6 @@ pub(in crate::model::quant) unsafe fn dot4_avx2<const SIGNED: bool>(
     _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
 }
 
-/// `u * x` summed over groups of 4 bytes into 8 i32 lanes, VNNI.
-#[inline]
-#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-pub(in crate::model::quant) unsafe fn dot4_vnni<const SIGNED: bool>(
-    w: __m256i,
-    x: __m256i,
-) -> __m256i {
-    let z = _mm256_setzero_si256();
-    if SIGNED {
-        _mm256_dpbusd_epi32(z, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
-    } else {
-        _mm256_dpbusd_epi32(z, w, x)
-    }
-}
-
 /// Pointers to activation rows `r0..r0 + M`: levels, residual levels
 /// (the levels again without a residual), scales, sums.
 struct Rows<const M: usize> {
