@@ -414,9 +414,11 @@ mod x86 {
         // SAFETY: qs is the block's last 16 bytes, qh the 4 before (the
         // contract).
         unsafe {
-            let qs = _mm_loadu_si128(p.add(bs - 16).cast());
+            // qs in both halves (a load, no shuffle), the upper one shifted
+            // to its high nibbles.
+            let qs = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(bs - 16).cast()));
             let w = _mm256_and_si256(
-                _mm256_set_m128i(_mm_srli_epi16::<4>(qs), qs),
+                _mm256_srlv_epi64(qs, _mm256_setr_epi64x(0, 0, 4, 4)),
                 _mm256_set1_epi8(0x0f),
             );
             if !FIVE {
@@ -430,10 +432,11 @@ mod x86 {
                 0x0101010101010101,
                 0,
             );
-            let bit_mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+            // Byte i's bit, i mod 8.
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
             let qh = p.add(bs - 20).cast::<i32>().read_unaligned();
             let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), shuf);
-            let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit_mask), _mm256_set1_epi64x(-1));
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
             _mm256_or_si256(w, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
         }
     }
