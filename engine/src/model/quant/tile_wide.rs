@@ -62,37 +62,65 @@ pub fn decode_row(
     if k != blocks * len || row.len() != blocks * bytes || a8.len() != k / 4 || bb.len() != k / 16 {
         return false;
     }
-    for (((blk, w), a8), bb) in row
-        .chunks_exact(bytes)
-        .zip(w16.chunks_exact_mut(len))
-        .zip(a8.chunks_exact_mut(len / 4))
-        .zip(bb.chunks_exact_mut(len / 16))
-    {
-        match ty {
-            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 => {
-                let d = f16_at(blk, 0);
-                a8[0] = d;
-                let (qh, qs, off) = match ty {
-                    QuantType::Q4_0 => (None, &blk[2..18], 8),
-                    QuantType::Q4_1 => (None, &blk[4..20], 0),
-                    QuantType::Q5_0 => (Some(u32_at(blk, 2)), &blk[6..22], 16),
-                    _ => (Some(u32_at(blk, 4)), &blk[8..24], 0),
-                };
-                if ty.has_offset() {
-                    bb.fill(fold(d, f16_at(blk, 2), 0.0));
-                }
-                nibbles(qs, qh, off, arr32(w));
-            }
-            QuantType::Q8_0 => {
-                a8[0] = f16_at(blk, 0);
-                bytes_i8(&blk[2..34], arr32(w));
-            }
-            QuantType::Q4K => q4k::<false>(blk, &blk[16..144], w, a8, bb),
-            QuantType::Q5K => q4k::<true>(blk, &blk[48..176], w, a8, bb),
-            _ => q6k(blk, w, a8),
-        }
+    // One loop per type (the closures inline into it): a `match` on the
+    // type per block cost as much as the decoding of a 32-value block.
+    match ty {
+        QuantType::Q4_0 => each_block::<18, 32>(row, w16, a8, bb, |blk, w, a8, _| {
+            a8[0] = f16_at(blk, 0);
+            nibbles(&blk[2..18], None, 8, arr32(w));
+        }),
+        QuantType::Q4_1 => each_block::<20, 32>(row, w16, a8, bb, |blk, w, a8, bb| {
+            let d = f16_at(blk, 0);
+            a8[0] = d;
+            bb.fill(fold(d, f16_at(blk, 2), 0.0));
+            nibbles(&blk[4..20], None, 0, arr32(w));
+        }),
+        QuantType::Q5_0 => each_block::<22, 32>(row, w16, a8, bb, |blk, w, a8, _| {
+            a8[0] = f16_at(blk, 0);
+            nibbles(&blk[6..22], Some(u32_at(blk, 2)), 16, arr32(w));
+        }),
+        QuantType::Q5_1 => each_block::<24, 32>(row, w16, a8, bb, |blk, w, a8, bb| {
+            let d = f16_at(blk, 0);
+            a8[0] = d;
+            bb.fill(fold(d, f16_at(blk, 2), 0.0));
+            nibbles(&blk[8..24], Some(u32_at(blk, 4)), 0, arr32(w));
+        }),
+        QuantType::Q8_0 => each_block::<34, 32>(row, w16, a8, bb, |blk, w, a8, _| {
+            a8[0] = f16_at(blk, 0);
+            bytes_i8(&blk[2..34], arr32(w));
+        }),
+        QuantType::Q4K => each_block::<144, 256>(row, w16, a8, bb, |blk, w, a8, bb| {
+            q4k::<false>(blk, &blk[16..144], w, a8, bb)
+        }),
+        QuantType::Q5K => each_block::<176, 256>(row, w16, a8, bb, |blk, w, a8, bb| {
+            q4k::<true>(blk, &blk[48..176], w, a8, bb)
+        }),
+        _ => each_block::<210, 256>(row, w16, a8, bb, |blk, w, a8, _| q6k(blk, w, a8)),
     }
     true
+}
+
+/// Runs `f` on each block of `row` (`BYTES` bytes, `LEN` values) with its
+/// `LEN` levels, `LEN / 4` scale slots and `LEN / 16` offsets.
+#[inline(always)]
+fn each_block<const BYTES: usize, const LEN: usize>(
+    row: &[u8],
+    w16: &mut [i16],
+    a8: &mut [f32],
+    bb: &mut [f32],
+    f: impl Fn(&[u8; BYTES], &mut [i16; LEN], &mut [f32], &mut [f32]),
+) {
+    for (((blk, w), a8), bb) in row
+        .chunks_exact(BYTES)
+        .zip(w16.chunks_exact_mut(LEN))
+        .zip(a8.chunks_exact_mut(LEN / 4))
+        .zip(bb.chunks_exact_mut(LEN / 16))
+    {
+        match (blk.try_into(), w.try_into()) {
+            (Ok(blk), Ok(w)) => f(blk, w, a8, bb),
+            _ => unreachable!("chunks of the arrays' lengths"),
+        }
+    }
 }
 
 fn u32_at(b: &[u8], i: usize) -> u32 {
