@@ -245,6 +245,32 @@ pub fn for_each<F: Fn(usize) + Sync>(n: usize, f: F) {
     pool().for_each(n, f);
 }
 
+/// Runs `f` on every item of `items` ([`for_each`], one task per item):
+/// the items are disjoint parts of a buffer the tasks fill, each reached
+/// by one task only.
+pub fn for_each_mut<T: Send, F: Fn(&mut T) + Sync>(items: &mut [T], f: F) {
+    if items.len() <= 1 {
+        items.iter_mut().for_each(f);
+        return;
+    }
+    let cells: Vec<Mutex<&mut T>> = items.iter_mut().map(Mutex::new).collect();
+    for_each(cells.len(), |i| f(&mut lock(&cells[i])));
+}
+
+/// How many parts to cut `values` values of row-wise work into: one per
+/// thread (times 2, as descheduled workers leave less behind) where the
+/// work is worth a region, else 1; never more than `rows`.
+pub fn parts(rows: usize, values: usize) -> usize {
+    /// Below this many values a row-wise pass (activation quantization,
+    /// the gated activation) takes a few microseconds: one thread.
+    const MIN_VALUES: usize = 1 << 13;
+    if values < MIN_VALUES {
+        1
+    } else {
+        (2 * threads()).min(rows).max(1)
+    }
+}
+
 /// One region of `n` (`2..=MAX_TASKS`) tasks, the caller taking part.
 fn run(s: &Shared, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<(), Payload> {
     let job = Job { f };
@@ -402,6 +428,19 @@ mod tests {
         assert_eq!(elsewhere.load(Ordering::Relaxed), 0);
         assert!(!SERIAL.with(|s| s.get()), "the flag is restored");
         check_once(|n, f| serially(|| for_each(n, f)));
+    }
+
+    #[test]
+    fn for_each_mut_reaches_every_item_once() {
+        let mut items: Vec<u32> = (0..37).collect();
+        for_each_mut(&mut items, |v| *v = *v * 2 + 1);
+        assert!(items
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| v == 2 * i as u32 + 1));
+        assert_eq!(parts(32, 10), 1, "small work stays on one thread");
+        assert!((1..=2 * threads()).contains(&parts(32, 1 << 20)));
+        assert_eq!(parts(1, 1 << 20), 1, "never more parts than rows");
     }
 
     #[test]

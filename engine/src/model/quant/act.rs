@@ -15,6 +15,8 @@
 //! per-16 offsets multiply).
 //! Cost: O(m k), one allocation of each array per call.
 
+use crate::model::par;
+
 /// Values per activation block (one scale each).
 pub const QA: usize = 32;
 
@@ -69,15 +71,45 @@ impl QuantizedActs {
             "activations: shape"
         );
         let mut a = Self::zeroed(m, k, p);
-        let x = &x[..m * k];
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            unsafe { fill_avx2(x, &mut a) };
+        if m * k == 0 {
             return a;
         }
-        fill(x, &mut a);
+        let rows = m.div_ceil(par::parts(m, m * k));
+        let mut parts: Vec<_> = x[..m * k].chunks(rows * k).zip(a.parts(rows)).collect();
+        par::for_each_mut(&mut parts, |(x, part): &mut (&[f32], Part<'_>)| {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked just above).
+                unsafe { fill_avx2(x, part) };
+                return;
+            }
+            fill(x, part);
+        });
         a
+    }
+
+    /// The buffers cut at every `rows` rows (the parts [`fill`] writes).
+    fn parts(&mut self, rows: usize) -> Vec<Part<'_>> {
+        let k = self.k;
+        let mut out = Vec::with_capacity(self.m.div_ceil(rows));
+        let (mut q, mut lo, mut d, mut sums) = (
+            &mut self.q[..],
+            &mut self.lo[..],
+            &mut self.d[..],
+            &mut self.sums[..],
+        );
+        while !q.is_empty() {
+            let n = rows * k;
+            let (qh, loh) = (split_front(&mut q, n), split_front(&mut lo, n));
+            let (dh, sh) = (split_front(&mut d, n / QA), split_front(&mut sums, n / 16));
+            out.push(Part {
+                q: qh,
+                lo: loh,
+                d: dh,
+                sums: sh,
+            });
+        }
+        out
     }
 
     /// `m` rows of `k` zeros, with the residual levels if `p` has them.
@@ -122,10 +154,28 @@ impl QuantizedActs {
     }
 }
 
+/// The first `n` items of `v` (all where it is shorter), `v` left with the
+/// rest.
+fn split_front<'a, T>(v: &mut &'a mut [T], n: usize) -> &'a mut [T] {
+    let len = v.len();
+    let (head, tail) = std::mem::take(v).split_at_mut(n.min(len));
+    *v = tail;
+    head
+}
+
+/// Some consecutive rows of a [`QuantizedActs`]'s buffers (`lo` empty
+/// with one level).
+struct Part<'a> {
+    q: &'a mut [i8],
+    lo: &'a mut [i8],
+    d: &'a mut [f32],
+    sums: &'a mut [f32],
+}
+
 /// Quantizes the 32-blocks of `x` into `a` (sized by
 /// [`QuantizedActs::zeroed`]; two levels if `a.lo` is not empty). The
 /// portable reference; [`fill_avx2`] gives the same bits.
-fn fill(x: &[f32], a: &mut QuantizedActs) {
+fn fill(x: &[f32], a: &mut Part<'_>) {
     let two = !a.lo.is_empty();
     let (q, lo, d, sums) = (&mut a.q, &mut a.lo, &mut a.d, &mut a.sums);
     for (b, (((xb, qb), db), sb)) in x
@@ -173,7 +223,7 @@ fn fill(x: &[f32], a: &mut QuantizedActs) {
 /// The CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn fill_avx2(x: &[f32], a: &mut QuantizedActs) {
+unsafe fn fill_avx2(x: &[f32], a: &mut Part<'_>) {
     use std::arch::x86_64::*;
     let two = !a.lo.is_empty();
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
@@ -256,6 +306,10 @@ unsafe fn fill_avx2(x: &[f32], a: &mut QuantizedActs) {
 #[cfg(test)]
 pub(super) fn portable(x: &[f32], m: usize, k: usize, p: ActPrecision) -> QuantizedActs {
     let mut a = QuantizedActs::zeroed(m, k, p);
-    fill(&x[..m * k], &mut a);
+    let mut parts = a.parts(m.max(1));
+    for part in &mut parts {
+        fill(&x[..m * k], part);
+    }
+    drop(parts);
     a
 }

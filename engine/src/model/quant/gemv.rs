@@ -107,9 +107,15 @@ pub fn dot_rows(
             macro_rules! call_k {
                 ($m:ident) => {
                     match (w.ty, row_lo) {
-                        (QuantType::Q4K, false) => $m::q4k::<false, false>(&rows, qx, lo, dx, sx, res),
-                        (QuantType::Q4K, true) => $m::q4k::<false, true>(&rows, qx, lo, dx, sx, res),
-                        (QuantType::Q5K, false) => $m::q4k::<true, false>(&rows, qx, lo, dx, sx, res),
+                        (QuantType::Q4K, false) => {
+                            $m::q4k::<false, false>(&rows, qx, lo, dx, sx, res)
+                        }
+                        (QuantType::Q4K, true) => {
+                            $m::q4k::<false, true>(&rows, qx, lo, dx, sx, res)
+                        }
+                        (QuantType::Q5K, false) => {
+                            $m::q4k::<true, false>(&rows, qx, lo, dx, sx, res)
+                        }
                         (QuantType::Q5K, true) => $m::q4k::<true, true>(&rows, qx, lo, dx, sx, res),
                         (QuantType::Q6K, false) => $m::q6k::<false>(&rows, qx, lo, dx, sx, res),
                         (QuantType::Q6K, true) => $m::q6k::<true>(&rows, qx, lo, dx, sx, res),

@@ -25,7 +25,6 @@
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
-
     /// Bytes of a `Q4_K` block (`Q5`: `Q5_K`): d, dmin, scales[12],
     /// [qh[32]], qs[128].
     pub(in crate::model::quant) const fn q4k_block_bytes<const Q5: bool>() -> usize {
@@ -52,12 +51,18 @@ pub(super) mod x86 {
         let v = unsafe { _mm_loadu_si128(blk.add(4).cast()) };
         // Low parts: scales 0-3, the low nibbles of bytes 8-11, mins 0-3,
         // the high nibbles of bytes 8-11 (shifted down in the last word).
-        let lo = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+        let lo = _mm_shuffle_epi8(
+            v,
+            _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11),
+        );
         let lo = _mm_blend_epi32::<0b1000>(lo, _mm_srli_epi16::<4>(lo));
         let keep = _mm_setr_epi32(0x3f3f_3f3f, 0x0f0f_0f0f, 0x3f3f_3f3f, 0x0f0f_0f0f);
         // High parts: bits 6-7 of bytes 0-3 (4-7) to bits 4-5 of scales
         // (mins) 4-7.
-        let hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+        let hi = _mm_shuffle_epi8(
+            v,
+            _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7),
+        );
         let hi = _mm_and_si128(_mm_srli_epi16::<2>(hi), _mm_set1_epi8(0x30));
         _mm_or_si128(_mm_and_si128(lo, keep), hi)
     }

@@ -102,9 +102,9 @@ pub unsafe fn q4k<const Q5: bool, const LO: bool>(
                 _mm256_loadu_ps(sx.as_ptr().add(16 * b)),
                 _mm256_loadu_ps(sx.as_ptr().add(16 * b + 8)),
             );
-            let ssub = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(
-                _mm256_castps_pd(pairs),
-            ));
+            let ssub = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(
+                pairs,
+            )));
             for t in 0..NR {
                 let blk = rp[t].add(b * bs);
                 prefetch(blk.wrapping_add(pf), bs);
@@ -187,7 +187,8 @@ pub unsafe fn q6k<const LO: bool>(
             for t in 0..NR {
                 let blk = rp[t].add(b * BS);
                 prefetch(blk.wrapping_add(pf), BS);
-                let d = _mm256_cvtph_ps(_mm_set1_epi16(blk.add(208).cast::<i16>().read_unaligned()));
+                let d =
+                    _mm256_cvtph_ps(_mm_set1_epi16(blk.add(208).cast::<i16>().read_unaligned()));
                 let scb = _mm_loadu_si128(blk.add(192).cast());
                 let sw = [
                     _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scb))),
@@ -199,10 +200,8 @@ pub unsafe fn q6k<const LO: bool>(
                 _mm256_storeu_ps(scale[t].as_mut_ptr(), _mm256_mul_ps(sw[0], dxh[0]));
                 _mm256_storeu_ps(scale[t].as_mut_ptr().add(8), _mm256_mul_ps(sw[1], dxh[1]));
                 // [0 1 4 5 2 3 6 7]'s `s0 a + s1 b`, then the units in order.
-                let pairs = _mm256_hadd_ps(
-                    _mm256_mul_ps(sw[0], s16[0]),
-                    _mm256_mul_ps(sw[1], s16[1]),
-                );
+                let pairs =
+                    _mm256_hadd_ps(_mm256_mul_ps(sw[0], s16[0]), _mm256_mul_ps(sw[1], s16[1]));
                 let t32 = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(
                     _mm256_castps_pd(pairs),
                 ));

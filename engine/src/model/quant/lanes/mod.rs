@@ -45,6 +45,7 @@ use super::act::{QuantizedActs, QA};
 use super::kernels::Isa;
 use super::tile::Tile;
 use super::NR;
+use crate::model::par;
 use model_loader::QuantType;
 
 /// The body of a lane kernel's `dispatch`: calls `$groups::<G, HALF,
@@ -152,10 +153,9 @@ impl LaneActs {
         let mut x = vec![0i16; groups * k * width];
         let mut d = vec![0f32; groups * blocks * width];
         let mut s = vec![0f32; groups * sixteens * width];
-        for g in 0..groups {
-            let xg = &mut x[g * pairs * 2 * width..(g + 1) * pairs * 2 * width];
-            for l in 0..width.min(m - g * width) {
-                let row = act.row(g * width + l);
+        let group = |(g, xg, dg, sg): &mut (usize, &mut [i16], &mut [f32], &mut [f32])| {
+            for l in 0..width.min(m - *g * width) {
+                let row = act.row(*g * width + l);
                 match row.lo {
                     Some(lo) => {
                         for (p, (q2, l2)) in
@@ -175,13 +175,27 @@ impl LaneActs {
                     }
                 }
                 for (c, &v) in row.d.iter().enumerate() {
-                    d[(g * blocks + c) * width + l] = v;
+                    dg[c * width + l] = v;
                 }
                 for (h, &v) in row.sums.iter().enumerate() {
-                    s[(g * sixteens + h) * width + l] = v;
+                    sg[h * width + l] = v;
                 }
             }
+        };
+        let mut parts: Vec<_> = x
+            .chunks_mut(pairs * 2 * width)
+            .zip(d.chunks_mut(blocks * width))
+            .zip(s.chunks_mut(sixteens * width))
+            .enumerate()
+            .map(|(g, ((x, d), s))| (g, x, d, s))
+            .collect();
+        // One task per group where the layout is worth a region.
+        if par::parts(groups, m * k) > 1 {
+            par::for_each_mut(&mut parts, group);
+        } else {
+            parts.iter_mut().for_each(group);
         }
+        drop(parts);
         Some(Self {
             groups,
             m,
