@@ -65,6 +65,30 @@ fn prefetch(p: *const u8, bs: usize) {
     }
 }
 
+/// Subtracts a block's offsets from each row's chain, one by one in
+/// order (the scalar chain of the arithmetic).
+#[inline]
+fn subtract(off: &mut [f32; NR], offs: &[[f32; 8]; NR]) {
+    for (off, offs) in off.iter_mut().zip(offs) {
+        for &o in offs {
+            *off -= o;
+        }
+    }
+}
+
+/// The rows' results: each accumulator's lane sum plus its offsets.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn finish(acc: &[__m256; NR], off: &[f32; NR], res: &mut [f32; NR]) {
+    for t in 0..NR {
+        // SAFETY: the CPU has AVX2 (contract).
+        res[t] = unsafe { hsum(acc[t]) } + off[t];
+    }
+}
+
 /// `Q4_K` (or, with `Q5`, `Q5_K`) rows against one activation row.
 ///
 /// # Safety
@@ -128,16 +152,10 @@ pub unsafe fn q4k<const Q5: bool, const LO: bool>(
                 }
             }
         }
-        for t in 0..NR {
-            for &o in &offs[t] {
-                off[t] -= o;
-            }
-        }
+        subtract(&mut off, &offs);
     }
-    for t in 0..NR {
-        // SAFETY: the CPU has AVX2 (contract).
-        res[t] = unsafe { hsum(acc[t]) } + off[t];
-    }
+    // SAFETY: the CPU has AVX2 (contract).
+    unsafe { finish(&acc, &off, res) };
 }
 
 /// `Q6_K` rows (210-byte blocks: ql[128], qh[64], scales[16], d) against
@@ -226,14 +244,8 @@ pub unsafe fn q6k<const LO: bool>(
                 }
             }
         }
-        for t in 0..NR {
-            for &o in &offs[t] {
-                off[t] -= o;
-            }
-        }
+        subtract(&mut off, &offs);
     }
-    for t in 0..NR {
-        // SAFETY: the CPU has AVX2 (contract).
-        res[t] = unsafe { hsum(acc[t]) } + off[t];
-    }
+    // SAFETY: the CPU has AVX2 (contract).
+    unsafe { finish(&acc, &off, res) };
 }
