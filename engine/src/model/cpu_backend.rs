@@ -482,7 +482,7 @@ impl Backend for CpuStep<'_> {
         // Rows in parts, one task each where the work is worth a region
         // (at batch 32 this pass was ~2% of a step on one thread while the
         // others waited).
-        let per = rows.div_ceil(par::parts(rows, out.len())).max(1) * inter;
+        let per = rows.div_ceil(par::parts(rows, out.len())).max(1) * inter.max(1);
         let mut parts: Vec<_> = gu.chunks(2 * per).zip(out.chunks_mut(per)).collect();
         par::for_each_mut(&mut parts, |(gu, out)| match gate {
             Gate::Silu => silu_mul(gu, inter, out),

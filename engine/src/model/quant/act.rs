@@ -172,8 +172,8 @@ struct Part<'a> {
     sums: &'a mut [f32],
 }
 
-/// Quantizes the 32-blocks of `x` into `a` (sized by
-/// [`QuantizedActs::zeroed`]; two levels if `a.lo` is not empty). The
+/// Quantizes the 32-blocks of `x` into `a` (the part of the same rows, cut
+/// by [`QuantizedActs::parts`]; two levels if `a.lo` is not empty). The
 /// portable reference; [`fill_avx2`] gives the same bits.
 fn fill(x: &[f32], a: &mut Part<'_>) {
     let two = !a.lo.is_empty();
@@ -263,7 +263,9 @@ unsafe fn fill_avx2(x: &[f32], a: &mut Part<'_>) {
     for b in 0..x.len() / QA {
         // SAFETY: block b's 32 values lie in `x`, its levels in `a.q` (and
         // `a.lo` with two levels), its scale in `a.d` and its two sums in
-        // `a.sums`: all sized from m * k = x.len() (`zeroed`).
+        // `a.sums`: a part holds the levels, scales and sums of as many
+        // values as its `x` (`QuantizedActs::parts` cuts both at the same
+        // rows).
         unsafe {
             let v: [__m256; 4] =
                 std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(b * QA + 8 * i)));

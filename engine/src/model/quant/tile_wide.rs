@@ -95,7 +95,8 @@ pub fn decode_row(
         QuantType::Q5K => each_block::<176, 256>(row, w16, a8, bb, |blk, w, a8, bb| {
             q4k::<true>(blk, &blk[48..176], w, a8, bb)
         }),
-        _ => each_block::<210, 256>(row, w16, a8, bb, |blk, w, a8, _| q6k(blk, w, a8)),
+        QuantType::Q6K => each_block::<210, 256>(row, w16, a8, bb, |blk, w, a8, _| q6k(blk, w, a8)),
+        _ => return false,
     }
     true
 }
