@@ -308,10 +308,8 @@ unsafe fn fill_avx2(x: &[f32], a: &mut Part<'_>) {
 #[cfg(test)]
 pub(super) fn portable(x: &[f32], m: usize, k: usize, p: ActPrecision) -> QuantizedActs {
     let mut a = QuantizedActs::zeroed(m, k, p);
-    let mut parts = a.parts(m.max(1));
-    for part in &mut parts {
-        fill(&x[..m * k], part);
+    for mut part in a.parts(m.max(1)) {
+        fill(&x[..m * k], &mut part);
     }
-    drop(parts);
     a
 }
