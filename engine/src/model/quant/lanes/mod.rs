@@ -154,25 +154,24 @@ impl LaneActs {
         let mut d = vec![0f32; groups * blocks * width];
         let mut s = vec![0f32; groups * sixteens * width];
         let group = |(g, xg, dg, sg): &mut (usize, &mut [i16], &mut [f32], &mut [f32])| {
+            // A row's combined levels in order (a loop that vectorizes),
+            // then one 4-byte move per pair into its lane: the interleaved
+            // writes alone cost twice as much, value by value.
+            let mut combined = Vec::with_capacity(k);
             for l in 0..width.min(m - *g * width) {
                 let row = act.row(*g * width + l);
+                combined.clear();
                 match row.lo {
-                    Some(lo) => {
-                        for (p, (q2, l2)) in
-                            row.q.chunks_exact(2).zip(lo.chunks_exact(2)).enumerate()
-                        {
-                            let at = (p * width + l) * 2;
-                            xg[at] = 256 * i16::from(q2[0]) + i16::from(l2[0]);
-                            xg[at + 1] = 256 * i16::from(q2[1]) + i16::from(l2[1]);
-                        }
-                    }
-                    None => {
-                        for (p, q2) in row.q.chunks_exact(2).enumerate() {
-                            let at = (p * width + l) * 2;
-                            xg[at] = i16::from(q2[0]);
-                            xg[at + 1] = i16::from(q2[1]);
-                        }
-                    }
+                    Some(lo) => combined.extend(
+                        row.q
+                            .iter()
+                            .zip(lo)
+                            .map(|(&q, &lo)| 256 * i16::from(q) + i16::from(lo)),
+                    ),
+                    None => combined.extend(row.q.iter().map(|&q| i16::from(q))),
+                }
+                for (pair, v) in xg.chunks_exact_mut(2 * width).zip(combined.chunks_exact(2)) {
+                    pair[2 * l..2 * l + 2].copy_from_slice(v);
                 }
                 for (c, &v) in row.d.iter().enumerate() {
                     dg[c * width + l] = v;
