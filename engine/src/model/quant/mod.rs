@@ -329,6 +329,7 @@ pub fn matmul_with(
         // are decoded once per panel).
         let mut tile = Tile::new(w.ty, k);
         tile.exact = invariant;
+        tile.wide512 = isa == Isa::Avx512Vnni;
         let mut res = [[0f32; NR]; MR];
         let mut res_lanes = [[[0f32; NR]; lanes::MAX_LANES]; 2];
         let width = lane_acts.map_or(MR, |l| l.width);

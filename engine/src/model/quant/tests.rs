@@ -482,16 +482,25 @@ fn lane_kernels_match_their_portable_form_bit_for_bit() {
     }
 }
 
-/// The one-pass decoders give the lane kernel the levels and block scales
-/// of decode + widen, and zero rows past the decoded count.
+/// The one-pass decoders (AVX2 and, where the CPU has it, 512-bit) give
+/// the lane kernel the levels and block scales of decode + widen, and zero
+/// rows past the decoded count.
 #[test]
 fn wide_decode_equals_decode_then_widen() {
     let mut rng = ChaCha8Rng::seed_from_u64(12);
-    for ty in QuantType::ALL {
+    if !super::tile_wide::zmm_available() {
+        eprintln!("SKIP 512-bit one-pass decoders: this CPU has no AVX-512 F/BW (AVX2 ran)");
+    }
+    let modes = [false, super::tile_wide::zmm_available()];
+    for (ty, wide512) in QuantType::ALL
+        .into_iter()
+        .flat_map(|t| modes.map(|m| (t, m)))
+    {
         let k = 2 * ty.block_len().max(64);
         let w = qmatrix(ty, NR, k, &mut rng);
         for nr in [NR, NR - 1] {
             let mut wide = Tile::new(ty, k);
+            wide.wide512 = wide512;
             let mut two = Tile::new(ty, k);
             // A tile used for another matrix: nothing stale may show.
             let other = qmatrix(ty, NR, k, &mut rng);
@@ -508,7 +517,10 @@ fn wide_decode_equals_decode_then_widen() {
             two.decode(&w, 0, nr);
             two.widen();
             let name = ty.name();
-            assert_eq!(wide.w16, two.w16, "{name} nr {nr}: levels");
+            assert_eq!(
+                wide.w16, two.w16,
+                "{name} nr {nr} 512-bit {wide512}: levels"
+            );
             assert_eq!(wide.w16_offset, two.w16_offset, "{name}");
             let (kp, gp) = (wide.kp, wide.kp / 16);
             for t in 0..NR {

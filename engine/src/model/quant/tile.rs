@@ -54,6 +54,10 @@ pub struct Tile {
     /// offsets into their accumulators (cheaper). Set by the caller
     /// (`quant::matmul_with`'s `invariant`); false from [`Tile::new`].
     pub exact: bool,
+    /// [`Tile::decode_wide`] may use 512-bit registers (the CPU's best
+    /// kernels are the AVX-512 ones: `quant::matmul_with` sets it from its
+    /// `isa`); false from [`Tile::new`], so a forced AVX2 run stays AVX2.
+    pub wide512: bool,
     /// [`OffsetForm::Pairs`] types only: `bb` again, per 4 groups of 16
     /// (one 64-level kernel step) the [`NR`] rows' 4 offsets in a row
     /// (`[kp / 64, NR, 4]`), filled by [`Tile::decode`] for the 512-bit
@@ -147,6 +151,7 @@ impl Tile {
             signed: off == 128,
             has_offset: (off != 0 && off != 128) || ty.has_offset(),
             exact: false,
+            wide512: false,
             bbq: if offset_form(ty) == OffsetForm::Pairs {
                 vec![0.0; NR * kp / GROUP]
             } else {
@@ -246,7 +251,7 @@ impl Tile {
                 continue;
             }
             let row = &w.bytes[(j + t) * rb..(j + t + 1) * rb];
-            if !tile_wide::decode_row(self.ty, row, w16, a8, bb) {
+            if !tile_wide::decode_row(self.ty, row, w16, a8, bb, self.wide512) {
                 // Inconsistent lengths (never from a loaded model): the
                 // caller's decode + widen rewrites every level.
                 return false;
