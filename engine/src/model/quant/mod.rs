@@ -203,7 +203,7 @@ pub fn quantize_acts(
     isa: Isa,
     invariant: bool,
 ) -> QuantizedActs {
-    let a = QuantizedActs::with_precision(x, m, k, p);
+    let a = QuantizedActs::quantize(x, m, k, p, isa == Isa::Avx512Vnni);
     match lane_width(isa, m, invariant) {
         Some(w) => a.with_lanes(w),
         None => a,

@@ -352,8 +352,9 @@ fn two_level_activations_are_two_hundred_times_finer() {
 #[test]
 fn vectorized_activation_quantization_is_bit_identical_to_the_portable_one() {
     // Random values, exact ties (v / d = n + 0.5 with d = 1: amax 127),
-    // zeros, tiny and huge magnitudes, and a NaN: the AVX2 build must give
-    // the same bytes and the same f32 bits as the plain build.
+    // zeros, tiny and huge magnitudes, and a NaN: the AVX2 and 512-bit
+    // forms must give the same bytes and the same f32 bits as the plain
+    // build.
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let (m, k) = (7, 96);
     let mut x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-3.0..3.0)).collect();
@@ -369,14 +370,20 @@ fn vectorized_activation_quantization_is_bit_identical_to_the_portable_one() {
         *v = (i as f32 - 30.0) * if i < 32 { 1e-30 } else { 1e30 };
     }
     x[200] = f32::NAN;
-    for p in [ActPrecision::One8, ActPrecision::Two8] {
-        let a = QuantizedActs::with_precision(&x, m, k, p);
+    if !act::zmm_available() {
+        eprintln!("SKIP 512-bit activation quantization: this CPU has no AVX-512 F/BW/DQ");
+    }
+    for (p, wide) in [ActPrecision::One8, ActPrecision::Two8]
+        .into_iter()
+        .flat_map(|p| [(p, false), (p, true)])
+    {
+        let a = QuantizedActs::quantize(&x, m, k, p, wide);
         let b = act::portable(&x, m, k, p);
-        assert_eq!(a.q, b.q, "{p:?} levels");
-        assert_eq!(a.lo, b.lo, "{p:?} residual levels");
+        assert_eq!(a.q, b.q, "{p:?} 512-bit {wide}: levels");
+        assert_eq!(a.lo, b.lo, "{p:?} 512-bit {wide}: residual levels");
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&a.d), bits(&b.d), "{p:?} scales");
-        assert_eq!(bits(&a.sums), bits(&b.sums), "{p:?} sums");
+        assert_eq!(bits(&a.d), bits(&b.d), "{p:?} 512-bit {wide}: scales");
+        assert_eq!(bits(&a.sums), bits(&b.sums), "{p:?} 512-bit {wide}: sums");
         // The ties round away from zero (f32::round), as llama.cpp's
         // quantize_row_q8_0 does with roundf.
         assert_eq!(&b.q[1..4], &[-31, -30, -29], "{p:?} ties");
