@@ -262,8 +262,11 @@ mod x86 {
         }
     }
 
-    /// The scores of `H` heads for keys `from..` two at a time (an odd
-    /// last key is left); returns the end of the keys done.
+    /// The scores of `H` heads for keys `from..` two at a time, then an odd
+    /// last key alone; returns the end of the keys done (all of them).
+    /// A key's sums are the same bits whichever way it runs: each of its
+    /// per-head FMA chains is reduced by [`hsum4`], whose result for one
+    /// vector does not depend on the other three.
     ///
     /// # Safety
     /// AVX2, FMA and F16C; `hd` a multiple of 8; `q.len() == H hd`;
@@ -320,7 +323,29 @@ mod x86 {
                 }
             }
         }
-        whole
+        if whole < n {
+            // SAFETY: as above, for key `whole` = n - 1 alone.
+            unsafe {
+                let k = pp.add(addrs[whole]);
+                let mut acc = [zero; 4];
+                for d in (0..hd).step_by(8) {
+                    let kv = load8(k.add(d));
+                    for h in 0..H {
+                        let qd = _mm256_loadu_ps(qp.add(h * hd + d));
+                        acc[h] = _mm256_fmadd_ps(qd, kv, acc[h]);
+                    }
+                }
+                let mut sums = [0f32; 4];
+                _mm_storeu_ps(
+                    sums.as_mut_ptr(),
+                    _mm_mul_ps(hsum4(acc), _mm_set1_ps(scale)),
+                );
+                for h in 0..H {
+                    *out.get_unchecked_mut(h * n + whole) = sums[h];
+                }
+            }
+        }
+        n
     }
 
     /// [`weighted_sum`] for `H` heads, `8 W` values of each head per pass over
@@ -530,6 +555,39 @@ mod tests {
         }
         check(|x| x);
         check(f16::from_f32);
+    }
+
+    /// A key's score is the same bits whether it runs in a 512-bit group
+    /// of four, an AVX2 pair or alone (the last of an odd count): what
+    /// keeps a row's attention independent of how many keys follow it
+    /// (a verification row of speculative decoding against plain decode).
+    #[test]
+    fn a_keys_score_does_not_depend_on_the_keys_around_it() {
+        for hd in [64, 72, 8] {
+            for heads in 1..=MAX_HEADS {
+                let n = 11;
+                let (pool, addrs) = pool_and_addrs(hd, n);
+                let pool: Vec<f16> = pool.into_iter().map(f16::from_f32).collect();
+                let q: Vec<f32> = (0..heads * hd).map(|i| (i as f32 * 0.61).cos()).collect();
+                for wide in [true, false] {
+                    let mut all = vec![f32::NAN; heads * n];
+                    scores(&q, hd, &pool, &addrs, 0.125, &mut all, wide);
+                    for m in 1..n {
+                        let mut some = vec![f32::NAN; heads * m];
+                        scores(&q, hd, &pool, &addrs[..m], 0.125, &mut some, wide);
+                        for h in 0..heads {
+                            for i in 0..m {
+                                assert_eq!(
+                                    some[h * m + i].to_bits(),
+                                    all[h * n + i].to_bits(),
+                                    "hd {hd} heads {heads} wide {wide}: key {i} of {m}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
