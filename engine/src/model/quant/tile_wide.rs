@@ -51,10 +51,11 @@ fn layout(ty: QuantType) -> Option<(usize, usize)> {
 ///
 /// `wide` lets the 32-value types (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`,
 /// `Q8_0`) use 512-bit registers where the CPU has AVX-512 BW
-/// ([`zmm_available`]): the same values, about half the instructions (at
-/// batch 32 the one-pass decode was ~18% of a step, mostly `Q5_0` and
-/// `Q8_0` blocks on a Q4_K_M file). False keeps AVX2 (to measure the AVX2
-/// path on an AVX-512 machine).
+/// ([`zmm_available`]): the same values in about half the instructions.
+/// Batch-32 `Q5_0` products from L2 ran ~5% faster (`gemv_bench --rows=32
+/// --l2`); in a model step the decode's share barely moved, its loads
+/// waiting on the weights from DRAM. False keeps AVX2 (to measure the
+/// AVX2 path on an AVX-512 machine).
 pub fn decode_row(
     ty: QuantType,
     row: &[u8],
@@ -71,16 +72,17 @@ pub fn decode_row(
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if wide && len == 32 && zmm_available() {
-        // SAFETY: AVX-512 F/BW checked at run time (AVX2 and F16C are the
-        // build's baseline where this module's x86 kernels exist, checked
-        // again by `zmm_available`); the lengths are checked above.
-        unsafe { zmm::decode_small(ty, row, w16, a8, bb) };
-        return true;
+    if wide && zmm_available() {
+        // SAFETY: AVX-512 F/BW, AVX2 and F16C checked at run time by
+        // `zmm_available`; the lengths are checked above.
+        if unsafe { zmm::decode_small(ty, row, w16, a8, bb) } {
+            return true;
+        }
     }
-    let _ = wide; // only x86 has the 512-bit forms
-                  // One loop per type (the closures inline into it): a `match` on the
-                  // type per block cost as much as the decoding of a 32-value block.
+    // Only x86 has the 512-bit forms.
+    let _ = wide;
+    // One loop per type (the closures inline into it): a `match` on the
+    // type per block cost as much as the decoding of a 32-value block.
     match ty {
         QuantType::Q4_0 => each_block::<18, 32>(row, w16, a8, bb, |blk, w, a8, _| {
             a8[0] = f16_at(blk, 0);
@@ -304,8 +306,8 @@ mod zmm {
     use super::each_block;
 
     /// [`super::decode_row`] for `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` and `Q8_0`
-    /// (other types: nothing): per block one 512-bit store of its 32
-    /// levels.
+    /// (false, touching nothing, for other types): per block one 512-bit
+    /// store of its 32 levels.
     ///
     /// # Safety
     /// AVX-512 F and BW, AVX2 and F16C; the lengths agree as
@@ -318,7 +320,7 @@ mod zmm {
         w16: &mut [i16],
         a8: &mut [f32],
         bb: &mut [f32],
-    ) {
+    ) -> bool {
         match ty {
             QuantType::Q4_0 => each_block::<18, 32>(row, w16, a8, bb, |blk, w, a8, _| {
                 a8[0] = f16_at(blk, 0);
@@ -355,8 +357,9 @@ mod zmm {
                     _mm512_storeu_si512(w.as_mut_ptr().cast(), _mm512_cvtepi8_epi16(x));
                 }
             }),
-            _ => {}
+            _ => return false,
         }
+        true
     }
 
     /// [`super::nibbles`] in one zmm: the 16 bytes and their high nibbles
