@@ -48,9 +48,10 @@ unsafe fn groups<const G: usize, const HALF: bool, const OFF: bool>(
     let (k, kp) = (tile.k, tile.kp);
     let (blocks, sixteens, gp) = (k / QA, k / 16, kp / 16);
     let subs = if HALF { 2 } else { 1 };
-    let span = 16 / subs; // column pairs per scale
-                          // Group g0 + i's arrays (in bounds by the contract; plain address
-                          // arithmetic until read).
+    // Column pairs per scale.
+    let span = 16 / subs;
+    // Group g0 + i's arrays (in bounds by the contract; plain address
+    // arithmetic until read).
     let mut xp = [la.x.as_ptr(); G];
     let mut dp = [la.d.as_ptr(); G];
     let mut sp = [la.s.as_ptr(); G];

@@ -15,8 +15,9 @@
 //! - AVX2 ([`avx2`], groups of 8 rows in ymm): `vpmaddwd` + `vpaddd` per 16
 //!   multiply-adds (about 2.3 operations with the float work, against 4.5).
 //! - AVX-512 VNNI ([`zmm`], groups of 16 rows in zmm): one `vpdpwssd` per
-//!   32 multiply-adds, the weight pair broadcast from memory into it; the
-//!   float work is one operation per 170 multiply-adds.
+//!   32 multiply-adds (forced by `asm!`: the compiler split most of them),
+//!   each weight pair broadcast once for two groups; the float work is one
+//!   operation per 170 multiply-adds.
 //!
 //! Layout ([`LaneActs`], built once per product from [`QuantizedActs`],
 //! for one group width `w`): rows in groups of `w`; per group and column
