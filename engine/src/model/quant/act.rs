@@ -71,12 +71,13 @@ impl QuantizedActs {
     }
 
     /// [`QuantizedActs::with_precision`], with 512-bit registers where
-    /// `wide512` and the CPU has AVX-512 F/BW/DQ ([`zmm_available`]): the
+    /// `wide512` and the CPU has AVX-512 F/BW/DQ
+    /// ([`super::kernels::has_avx512_bw`]): the
     /// same bits, half the instructions (the pass was ~4% of a batch-32
     /// decode step). False keeps AVX2 (to measure the AVX2 path on an
     /// AVX-512 machine).
     pub fn quantize(x: &[f32], m: usize, k: usize, p: ActPrecision, wide512: bool) -> Self {
-        let wide512 = wide512 && zmm_available();
+        let wide512 = wide512 && super::kernels::has_avx512_bw();
         assert!(
             k.is_multiple_of(QA) && x.len() >= m * k,
             "activations: shape"
@@ -91,7 +92,7 @@ impl QuantizedActs {
             #[cfg(target_arch = "x86_64")]
             if wide512 {
                 // SAFETY: the CPU has AVX-512 F/BW/DQ and AVX2
-                // (`zmm_available`, checked above).
+                // (`has_avx512_bw`, checked above).
                 unsafe { fill_zmm(x, part) };
                 return;
             }
@@ -319,23 +320,6 @@ unsafe fn fill_avx2(x: &[f32], a: &mut Part<'_>) {
             }
         }
     }
-}
-
-/// True when the CPU runs [`fill_zmm`] (AVX-512 F, BW and DQ, and AVX2),
-/// checked once per process; always false off x86-64.
-pub fn zmm_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-                && std::arch::is_x86_feature_detected!("avx2")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// [`fill_avx2`] with AVX-512, one block in two vectors: per value the

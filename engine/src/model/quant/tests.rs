@@ -370,7 +370,7 @@ fn vectorized_activation_quantization_is_bit_identical_to_the_portable_one() {
         *v = (i as f32 - 30.0) * if i < 32 { 1e-30 } else { 1e30 };
     }
     x[200] = f32::NAN;
-    if !act::zmm_available() {
+    if !super::kernels::has_avx512_bw() {
         eprintln!("SKIP 512-bit activation quantization: this CPU has no AVX-512 F/BW/DQ");
     }
     for (p, wide) in [ActPrecision::One8, ActPrecision::Two8]
@@ -495,10 +495,10 @@ fn lane_kernels_match_their_portable_form_bit_for_bit() {
 #[test]
 fn wide_decode_equals_decode_then_widen() {
     let mut rng = ChaCha8Rng::seed_from_u64(12);
-    if !super::tile_wide::zmm_available() {
-        eprintln!("SKIP 512-bit one-pass decoders: this CPU has no AVX-512 F/BW (AVX2 ran)");
+    if !super::kernels::has_avx512_bw() {
+        eprintln!("SKIP 512-bit one-pass decoders: this CPU has no AVX-512 F/BW/DQ (AVX2 ran)");
     }
-    let modes = [false, super::tile_wide::zmm_available()];
+    let modes = [false, super::kernels::has_avx512_bw()];
     for (ty, wide512) in QuantType::ALL
         .into_iter()
         .flat_map(|t| modes.map(|m| (t, m)))

@@ -51,7 +51,7 @@ fn layout(ty: QuantType) -> Option<(usize, usize)> {
 ///
 /// `wide` lets the 32-value types (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`,
 /// `Q8_0`) use 512-bit registers where the CPU has AVX-512 BW
-/// ([`zmm_available`]): the same values in about half the instructions.
+/// ([`super::kernels::has_avx512_bw`]): the same values in about half the instructions.
 /// Batch-32 `Q5_0` products from L2 ran ~5% faster (`gemv_bench --rows=32
 /// --l2`); in a model step the decode's share barely moved, its loads
 /// waiting on the weights from DRAM. False keeps AVX2 (to measure the
@@ -72,9 +72,9 @@ pub fn decode_row(
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if wide && zmm_available() {
+    if wide && super::kernels::has_avx512_bw() {
         // SAFETY: AVX-512 F/BW, AVX2 and F16C checked at run time by
-        // `zmm_available`; the lengths are checked above.
+        // `has_avx512_bw`; the lengths are checked above.
         if unsafe { zmm::decode_small(ty, row, w16, a8, bb) } {
             return true;
         }
@@ -118,23 +118,6 @@ pub fn decode_row(
         _ => return false,
     }
     true
-}
-
-/// True when the CPU has what the 512-bit decoders need (AVX-512 F and BW,
-/// AVX2, F16C), checked once per process; always false off x86-64.
-pub fn zmm_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("f16c")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// Runs `f` on each block of `row` (`BYTES` bytes, `LEN` values) with its

@@ -128,6 +128,25 @@ pub const ISA_ENV: &str = "PAGED_ENGINE_ISA";
 /// Activation rows per register block.
 pub const MR: usize = 4;
 
+/// True when the CPU runs the 512-bit forms of the activations'
+/// quantization and of the one-pass decode (AVX-512 F, BW and DQ, AVX2,
+/// F16C), checked once per process; always false off x86-64.
+pub fn has_avx512_bw() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// True when the CPU runs the 512-bit kernel (AVX-512 F + BW + VNNI),
 /// checked once per process.
 #[cfg(target_arch = "x86_64")]
