@@ -147,18 +147,13 @@ pub fn has_avx512_bw() -> bool {
     false
 }
 
-/// True when the CPU runs the 512-bit kernel (AVX-512 F + BW + VNNI),
-/// checked once per process.
+/// True when the CPU runs the 512-bit kernels: [`has_avx512_bw`]'s
+/// features plus VNNI and FMA (std caches each feature test).
 #[cfg(target_arch = "x86_64")]
 pub(super) fn has_zmm() -> bool {
-    static ZMM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ZMM.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-    })
+    has_avx512_bw()
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("fma")
 }
 
 /// `res[r][t] = dot(tile row t, activation row r0 + r)` for `r < mr`,
