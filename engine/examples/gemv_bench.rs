@@ -10,7 +10,7 @@
 //! activation rows at once (a small decode batch, speculative verification
 //! rows: each weight byte then serves `M` rows). Medians of 7 rounds.
 //!
-//! Run: `cargo run --release -p engine --example gemv_bench [-- --one8] [--l2] [--rows=M] [TYPE...]`
+//! Run: `cargo run --release -p engine --example gemv_bench [-- --one8] [--l2] [--rows=M] [--k=K] [TYPE...]`
 //! (`--l2`: only the L2 case, e.g. under `perf stat -e cycles:u`, whose
 //! cycle count a loaded machine disturbs less than the wall clock)
 //! (types as in GGUF: `Q4_1 Q8_0 ...`; default the types the two default
@@ -170,6 +170,12 @@ fn main() {
         .iter()
         .find_map(|a| a.strip_prefix("--rows="))
         .map_or(1, |v| v.parse().expect("--rows=M takes a row count"));
+    // The row length (default SmolLM2's: 576, K-quants 1536), rounded up
+    // to whole blocks.
+    let k_arg: Option<usize> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--k="))
+        .map(|v| v.parse().expect("--k=K takes a row length"));
     // Every vector family this CPU runs, side by side (`--avx2`: only AVX2).
     let isas: Vec<Isa> = if args.iter().any(|a| a == "--avx2") {
         vec![Isa::Avx2]
@@ -211,7 +217,9 @@ fn main() {
     }
     for ty in types {
         // K-quants need k % 256 == 0 (SmolLM2's ffn_down: k = 1536).
-        let k = if ty.block_len() == 256 { 1536 } else { 576 };
+        let k = k_arg
+            .map(|k| k.next_multiple_of(ty.block_len()))
+            .unwrap_or(if ty.block_len() == 256 { 1536 } else { 576 });
         let x: Vec<f32> = (0..m * k)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
             .collect();

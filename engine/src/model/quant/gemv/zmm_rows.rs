@@ -195,33 +195,61 @@ pub unsafe fn q4_rows<const MIN: bool, const FIVE: bool, const LO: bool, const M
     debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
     debug_assert!(a.rows() == M && a.unit() == PAIR_UNIT);
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
-        let mut acc = [_mm512_setzero_ps(); M];
-        let mut off = [_mm512_setzero_ps(); M];
+        let mut acc = [[_mm512_setzero_ps(); M]; 2];
         let mut c = 0;
-        while c < nb {
-            let two = c + 1 < nb;
-            // SAFETY: blocks c (and c + 1 when `two`) exist in `row` and
-            // in every packed row, at unit c / 2; a prefetch never faults
-            // (wrapping address).
-            unsafe {
-                let p = row.as_ptr().add(c * bs);
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
-                let Q4Pair { w, dw, o } = q4_pair::<MIN, FIVE>(p, two, bs);
-                let u = a.base().add(c / 2 * M * PAIR_UNIT);
-                for r in 0..M {
-                    let at = u.add(r * PAIR_UNIT);
-                    let prod = packed_dot::<LO>(w, at, 64);
-                    let d = _mm512_load_ps(at.add(128).cast());
-                    let s = _mm512_load_ps(at.add(192).cast());
-                    acc[r] =
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), _mm512_mul_ps(dw, d), acc[r]);
-                    off[r] = _mm512_fmadd_ps(o, s, off[r]);
-                }
-            }
+        while c + 1 < nb {
+            // SAFETY: blocks c and c + 1 exist in `row` and in every
+            // packed row, at unit c / 2.
+            unsafe { q4_rows_step::<MIN, FIVE, LO, M, true>(row, c, pf, a, &mut acc) };
             c += 2;
         }
+        if c < nb {
+            // SAFETY: block c exists (c + 1 does not).
+            unsafe { q4_rows_step::<MIN, FIVE, LO, M, false>(row, c, pf, a, &mut acc) };
+        }
         for r in 0..M {
-            res[r] = q4_finish::<MIN, FIVE>(acc[r], off[r]);
+            res[r] = q4_finish::<MIN, FIVE>(acc[0][r], acc[1][r]);
+        }
+    }
+}
+
+/// One pair of blocks (`TWO`; else the last, odd block) at block `c` of
+/// `row` against the `M` packed rows: `acc[0]` the products, `acc[1]` the
+/// offsets.
+///
+/// # Safety
+/// As for [`q4_rows`]; block `c` (and `c + 1` when `TWO`) exists.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_rows_step<
+    const MIN: bool,
+    const FIVE: bool,
+    const LO: bool,
+    const M: usize,
+    const TWO: bool,
+>(
+    row: &[u8],
+    c: usize,
+    pf: usize,
+    a: &PackedActs,
+    acc: &mut [[__m512; M]; 2],
+) {
+    let bs = super::x86::q4_block_bytes::<MIN, FIVE>();
+    // SAFETY: the blocks exist in `row` and in every packed row, at unit
+    // c / 2 (the contract); a prefetch never faults (wrapping address).
+    unsafe {
+        let p = row.as_ptr().add(c * bs);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
+        let Q4Pair { w, dw, o } = q4_pair::<MIN, FIVE, TWO>(p);
+        let u = a.base().add(c / 2 * M * PAIR_UNIT);
+        let [acc, off] = acc;
+        for (r, (acc, off)) in acc.iter_mut().zip(off.iter_mut()).enumerate() {
+            let at = u.add(r * PAIR_UNIT);
+            let prod = packed_dot::<LO>(w, at, 64);
+            let d = _mm512_load_ps(at.add(128).cast());
+            let s = _mm512_load_ps(at.add(192).cast());
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), _mm512_mul_ps(dw, d), *acc);
+            *off = _mm512_fmadd_ps(o, s, *off);
         }
     }
 }
@@ -246,29 +274,50 @@ pub unsafe fn q8_rows<const LO: bool, const M: usize>(
     for (&row, res) in rows.iter().zip(res.iter_mut()) {
         let mut acc = [_mm512_setzero_ps(); M];
         let mut c = 0;
-        while c < nb {
-            let two = c + 1 < nb;
-            // SAFETY: as in `q4_rows`, with 34-byte blocks.
-            unsafe {
-                let p = row.as_ptr().add(c * BS);
-                let ahead = p.wrapping_add(pf);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
-                let (w, dw) = q8_pair(p, two);
-                let u = a.base().add(c / 2 * M * PAIR_UNIT);
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let at = u.add(r * PAIR_UNIT);
-                    let prod = packed_dot::<LO>(w, at, 64);
-                    let corr = _mm512_load_si512(at.add(192).cast());
-                    let prod = _mm512_sub_epi32(prod, corr);
-                    let d = _mm512_load_ps(at.add(128).cast());
-                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), _mm512_mul_ps(dw, d), *acc);
-                }
-            }
+        while c + 1 < nb {
+            // SAFETY: blocks c and c + 1 exist in `row` and in every
+            // packed row, at unit c / 2.
+            unsafe { q8_rows_step::<LO, M, true>(row.as_ptr().add(c * BS), c, pf, a, &mut acc) };
             c += 2;
+        }
+        if c < nb {
+            // SAFETY: block c exists (c + 1 does not).
+            unsafe { q8_rows_step::<LO, M, false>(row.as_ptr().add(c * BS), c, pf, a, &mut acc) };
         }
         for r in 0..M {
             res[r] = _mm512_reduce_add_ps(acc[r]);
+        }
+    }
+}
+
+/// One pair of `Q8_0` blocks (`TWO`; else the last, odd block) at `p`,
+/// block `c` of its row, against the `M` packed rows.
+///
+/// # Safety
+/// As for [`q8_rows`]; `p` holds block `c` (and `c + 1` when `TWO`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_rows_step<const LO: bool, const M: usize, const TWO: bool>(
+    p: *const u8,
+    c: usize,
+    pf: usize,
+    a: &PackedActs,
+    acc: &mut [__m512; M],
+) {
+    // SAFETY: the contract; a prefetch never faults (wrapping address).
+    unsafe {
+        let ahead = p.wrapping_add(pf);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
+        let (w, dw) = q8_pair::<TWO>(p);
+        let u = a.base().add(c / 2 * M * PAIR_UNIT);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let at = u.add(r * PAIR_UNIT);
+            let prod = packed_dot::<LO>(w, at, 64);
+            let corr = _mm512_load_si512(at.add(192).cast());
+            let prod = _mm512_sub_epi32(prod, corr);
+            let d = _mm512_load_ps(at.add(128).cast());
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), _mm512_mul_ps(dw, d), *acc);
         }
     }
 }
