@@ -429,6 +429,15 @@ fn long_prompts_split_into_panels_with_the_same_results() {
 #[allow(clippy::needless_range_loop)] // g indexes the pair and names the group
 fn lane_kernels_match_their_portable_form_bit_for_bit() {
     use super::lanes::{dot_groups, scalar_group, GroupRes, LANES, MAX_LANES};
+    #[cfg(target_arch = "x86_64")]
+    eprintln!(
+        "lane kernels: AVX-VNNI form {}",
+        if super::kernels::has_avx_vnni() {
+            "ran"
+        } else {
+            "not run (this CPU lacks it)"
+        }
+    );
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for ty in QuantType::ALL {
         let k = 2 * ty.block_len().max(64);
@@ -469,6 +478,11 @@ fn lane_kernels_match_their_portable_form_bit_for_bit() {
                             slow[..],
                             "{name} {p:?} w{width} group {g} of a pair"
                         );
+                        // The 8-wide kernel without AVX-VNNI too (where
+                        // the CPU has it, `dot_groups` took its form).
+                        if width == LANES && super::lanes::avx2_plain(&tile, la, g, &mut one) {
+                            assert_eq!(one[0][..width], slow[..], "{name} {p:?} no AVX-VNNI");
+                        }
                         rows.extend_from_slice(&slow);
                     }
                 }

@@ -156,6 +156,24 @@ pub(super) fn has_zmm() -> bool {
         && std::arch::is_x86_feature_detected!("fma")
 }
 
+/// Environment variable that, set to `0`, keeps the AVX2 lane kernel off
+/// AVX-VNNI ([`has_avx_vnni`]): to measure the AVX2 path as a CPU without
+/// it (Zen 3, Intel before Alder Lake) runs it. The results are the same
+/// bits either way.
+pub const AVX_VNNI_ENV: &str = "PAGED_ENGINE_AVX_VNNI";
+
+/// True when the 256-bit lane kernel may use AVX-VNNI's VEX-encoded
+/// `vpdpwssd` (the CPU has it and [`AVX_VNNI_ENV`] is not `0`); computed
+/// once per process.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn has_avx_vnni() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avxvnni")
+            && std::env::var_os(AVX_VNNI_ENV).is_none_or(|v| v != "0")
+    })
+}
+
 /// `res[r][t] = dot(tile row t, activation row r0 + r)` for `r < mr`,
 /// `t < NR` (entries past `mr` are left as they were).
 ///

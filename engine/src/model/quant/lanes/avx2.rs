@@ -1,5 +1,8 @@
 //! The AVX2 lane kernel: groups of [`LANES`] activation rows in the i32
-//! lanes of ymm registers (see the parent module for the layout).
+//! lanes of ymm registers (see the parent module for the layout). Where
+//! the CPU has AVX-VNNI (Intel since Alder Lake and Sapphire Rapids, AMD
+//! Zen 5), one VEX `vpdpwssd` replaces each `vpmaddwd` + `vpaddd` pair:
+//! the same i32 sums (neither saturates), so the same bits.
 
 // The register blocks index accumulators [group][row] by constant-trip
 // loops (unrolled into registers): clearer than zipped iterators here.
@@ -12,23 +15,83 @@ use super::super::tile::Tile;
 use super::super::NR;
 use super::{half_scales, GroupRes, LaneActs, LANES};
 
+/// `$acc += $x . $w` in each i32 lane (two i16 products): one VEX-encoded
+/// `vpdpwssd` (AVX-VNNI). Written as `asm!` for the reason the AVX-512
+/// kernel's is (LLVM's generic tuning splits the intrinsic back into
+/// `vpmaddwd` + `vpaddd`).
+///
+/// Expands to an `asm!`, used inside `unsafe`: sound where the CPU has
+/// AVX-VNNI (the instruction touches registers only).
+macro_rules! dpwssd_vex {
+    ($acc:expr, $x:expr, $w:expr) => {
+        std::arch::asm!(
+            "{{vex}} vpdpwssd {a}, {x}, {w}",
+            a = inout(ymm_reg) $acc,
+            x = in(ymm_reg) $x,
+            w = in(ymm_reg) $w,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+}
+
 /// [`groups`] for `res.len()` (1 or 2) groups, by the tile's scale
-/// granularity and offsets.
+/// granularity and offsets; with `vnni`, its AVX-VNNI form.
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA; `la.width == LANES`, `tile.k == la.k`,
-/// `g0 + res.len() <= la.groups`, `tile.w16` holds `NR * tile.kp` levels,
-/// `res.len()` is 1 or 2.
+/// The CPU must have AVX2 and FMA (and AVX-VNNI with `vnni`); `la.width
+/// == LANES`, `tile.k == la.k`, `g0 + res.len() <= la.groups`, `tile.w16`
+/// holds `NR * tile.kp` levels, `res.len()` is 1 or 2.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dispatch(tile: &Tile, la: &LaneActs, g0: usize, res: &mut [GroupRes]) {
+pub(super) unsafe fn dispatch(
+    tile: &Tile,
+    la: &LaneActs,
+    g0: usize,
+    res: &mut [GroupRes],
+    vnni: bool,
+) {
     debug_assert_eq!(la.width, LANES);
-    dispatch_groups!(groups, tile, la, g0, res)
+    if vnni {
+        dispatch_groups!(groups_vnni, tile, la, g0, res)
+    } else {
+        dispatch_groups!(groups_plain, tile, la, g0, res)
+    }
+}
+
+/// [`groups`] with `vpmaddwd` + `vpaddd`.
+///
+/// # Safety
+/// As [`dispatch`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn groups_plain<const G: usize, const HALF: bool, const OFF: bool>(
+    tile: &Tile,
+    la: &LaneActs,
+    g0: usize,
+    res: &mut [GroupRes; G],
+) {
+    // SAFETY: the contract.
+    unsafe { groups::<G, HALF, OFF, false>(tile, la, g0, res) }
+}
+
+/// [`groups`] with AVX-VNNI's `vpdpwssd`.
+///
+/// # Safety
+/// As [`dispatch`] with `vnni`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn groups_vnni<const G: usize, const HALF: bool, const OFF: bool>(
+    tile: &Tile,
+    la: &LaneActs,
+    g0: usize,
+    res: &mut [GroupRes; G],
+) {
+    // SAFETY: the contract.
+    unsafe { groups::<G, HALF, OFF, true>(tile, la, g0, res) }
 }
 
 /// `G` lane groups (`g0..g0 + G`) against one tile: per column pair
 /// one load of each group's 16 values, then per tile row one broadcast
 /// of its two 16-bit levels (shared by the `G` groups), and per group
-/// `vpmaddwd` + `vpaddd` into that (row, group)'s i32 lanes; per
+/// `vpmaddwd` + `vpaddd` (`VNNI`: one `vpdpwssd`) into that (row,
+/// group)'s i32 lanes; per
 /// 32-block (or 16-half with `HALF`) one convert, one multiply
 /// (activation scales x the row's scale) and one FMA per (row, group);
 /// with `OFF`, one FMA per (row, group) and 16-group for the offsets.
@@ -39,7 +102,7 @@ pub(super) unsafe fn dispatch(tile: &Tile, la: &LaneActs, g0: usize, res: &mut [
 /// # Safety
 /// As [`dispatch`].
 #[target_feature(enable = "avx2,fma")]
-unsafe fn groups<const G: usize, const HALF: bool, const OFF: bool>(
+unsafe fn groups<const G: usize, const HALF: bool, const OFF: bool, const VNNI: bool>(
     tile: &Tile,
     la: &LaneActs,
     g0: usize,
@@ -83,8 +146,12 @@ unsafe fn groups<const G: usize, const HALF: bool, const OFF: bool>(
                         let w = wp.add(t * kp + 2 * p).cast::<i32>().read_unaligned();
                         let w = _mm256_set1_epi32(w);
                         for i in 0..G {
-                            let prod = _mm256_madd_epi16(x[i], w);
-                            acc[i][t] = _mm256_add_epi32(acc[i][t], prod);
+                            if VNNI {
+                                dpwssd_vex!(acc[i][t], x[i], w);
+                            } else {
+                                let prod = _mm256_madd_epi16(x[i], w);
+                                acc[i][t] = _mm256_add_epi32(acc[i][t], prod);
+                            }
                         }
                     }
                 }

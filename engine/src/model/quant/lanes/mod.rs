@@ -244,14 +244,32 @@ pub fn dot_groups(tile: &Tile, la: &LaneActs, g0: usize, res: &mut [GroupRes]) {
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
     {
-        // SAFETY: the CPU has AVX2 and FMA (checked just above); the
-        // shapes are asserted above and the groups are 8 wide.
-        unsafe { avx2::dispatch(tile, la, g0, res) };
+        // SAFETY: the CPU has AVX2 and FMA (checked just above), and
+        // AVX-VNNI where `has_avx_vnni` says; the shapes are asserted
+        // above and the groups are 8 wide.
+        unsafe { avx2::dispatch(tile, la, g0, res, super::kernels::has_avx_vnni()) };
         return;
     }
     for (i, r) in res.iter_mut().enumerate() {
         scalar_group(tile, la, g0 + i, &mut r[..la.width]);
     }
+}
+
+/// [`dot_groups`] for 8-wide groups on the AVX2 kernel without AVX-VNNI,
+/// whatever the CPU has beyond AVX2 (for the tests: where the CPU has
+/// AVX-VNNI, `dot_groups` runs the other form). False, and nothing
+/// computed, without AVX2 and FMA.
+#[cfg(test)]
+pub(super) fn avx2_plain(tile: &Tile, la: &LaneActs, g0: usize, res: &mut [GroupRes]) -> bool {
+    assert!(la.width == LANES && tile.k == la.k && g0 + res.len() <= la.groups);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA (checked); the shapes are
+        // asserted above.
+        unsafe { avx2::dispatch(tile, la, g0, res, false) };
+        return true;
+    }
+    false
 }
 
 /// The portable form of [`dot_groups`] for one group (`res`: its
