@@ -593,12 +593,22 @@ mod x86 {
                             x
                         };
                         let d = *dx.get_unchecked(c);
+                        // The NR rows' scales converted together, times the
+                        // activations' (the same f32 product per row), each
+                        // row's then taken by a broadcast load (four f16
+                        // in one u64: NR is 4).
+                        const _: () = assert!(NR == 4);
+                        let head =
+                            |t: usize| u64::from(rp[t].add(c * 34).cast::<u16>().read_unaligned());
+                        let h = head(0) | head(1) << 16 | head(2) << 32 | head(3) << 48;
+                        let mut dw = [0f32; NR];
+                        _mm_storeu_ps(
+                            dw.as_mut_ptr(),
+                            _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(h as i64)), _mm_set1_ps(d)),
+                        );
                         for t in 0..NR {
                             let p = rp[t].add(c * 34);
                             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
-                            let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
-                                p.cast::<u16>().read_unaligned(),
-                            ))));
                             let w = _mm256_loadu_si256(p.add(2).cast());
                             let p = if LO {
                                 dot_two_avx2::<true>(w, x, xl)
@@ -606,7 +616,7 @@ mod x86 {
                                 $dot::<true>(w, x)
                             };
                             let prod = _mm256_cvtepi32_ps(p);
-                            acc[t] = _mm256_fmadd_ps(prod, _mm256_set1_ps(dw * d), acc[t]);
+                            acc[t] = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(&dw[t]), acc[t]);
                         }
                     }
                 }

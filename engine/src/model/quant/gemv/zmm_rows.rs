@@ -29,8 +29,9 @@
 //! Invariants: as in [`super::zmm`] (levels 0..=63 into `vpdpbusd`, i32
 //! lanes below 2^24, weight loads masked to the blocks present); the packed
 //! data is 64-byte aligned and an absent block's lanes are zero.
-//! Cost: per pair of 32-blocks and weight row ~8 vector instructions of
-//! decode plus ~11 per activation row; [`PackedActs`] is `4 m k` bytes
+//! Cost: per pair of 32-blocks and weight row ~7 vector instructions of
+//! decode (no `vpermw`: [`super::zmm::q4_pair`]) plus ~11 per activation
+//! row; [`PackedActs`] is `4 m k` bytes
 //! (`32-block types`; `2.5 m k` for K-quants), built once per product.
 
 use std::arch::x86_64::*;
