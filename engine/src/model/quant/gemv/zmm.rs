@@ -173,8 +173,20 @@ unsafe fn q4_levels<const MIN: bool, const FIVE: bool, const TWO: bool>(p: *cons
     unsafe {
         let q0 = _mm_loadu_si128(p.add(bs - 16).cast());
         let q = if TWO {
-            let q1 = _mm_loadu_si128(p.add(2 * bs - 16).cast());
-            _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(q0), 0xff00, q1)
+            // Block 1's qs merged into the high half by a masked
+            // broadcast load (load + one port-0/5 uop). As `asm!`: LLVM
+            // turns `_mm512_mask_broadcast_i32x4` into a 256-bit broadcast
+            // + `vinserti64x4`, a port-5 uop, the port this kernel is
+            // short of (`gemv_bench --l2` Q4_1 13.2 -> 13.9 GB/s).
+            let mut q = _mm512_broadcast_i32x4(q0);
+            std::arch::asm!(
+                "vbroadcasti32x4 {q}{{{k}}}, xmmword ptr [{p}]",
+                q = inout(zmm_reg) q,
+                k = in(kreg) 0xff00u16,
+                p = in(reg) p.add(2 * bs - 16),
+                options(pure, readonly, nostack, preserves_flags),
+            );
+            q
         } else {
             _mm512_maskz_broadcast_i32x4(0x00ff, q0)
         };
