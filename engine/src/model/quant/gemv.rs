@@ -95,7 +95,7 @@ pub fn dot_rows(
         let vnni = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni;
         // SAFETY: `supported` checked that the CPU has AVX2 + FMA (+F16C,
         // which every AVX2 CPU has; `Isa::best` checked AVX2/FMA), VNNI
-        // only when `vnni`, and the 512-bit kernels run only where
+        // only when `vnni`, AVX-VNNI only where `has_avx_vnni` found it, and the 512-bit kernels run only where
         // `zmm::available` found AVX-512 F/BW/VL/VNNI. The row slices lie in
         // `w.bytes` (one allocation). Each row slice holds `k / 32` whole blocks of
         // `w.ty`, `qx` k levels, `dx` k / 32 scales, `sx` k / 16 sums
@@ -155,7 +155,12 @@ pub fn dot_rows(
                     }
                 };
             }
+            // The 256-bit kernels in their AVX-VNNI form where the CPU
+            // has it (the same bits).
+            let avx_vnni = !zmm && super::kernels::has_avx_vnni();
             match (zmm, row_lo) {
+                (false, false) if avx_vnni => call!(q4_avxvnni, q8_avxvnni, false),
+                (false, true) if avx_vnni => call!(q4_avxvnni, q8_avxvnni, true),
                 (false, false) => call!(q4_avx2, q8_avx2, false),
                 (false, true) => call!(q4_avx2, q8_avx2, true),
                 (true, false) => call_zmm!(false),
@@ -472,8 +477,44 @@ mod x86 {
         )
     }
 
+    /// [`dot4_avx2`] on AVX-VNNI: one VEX `vpdpbusd` for `vpmaddubsw` +
+    /// `vpmaddwd`; the same i32 lanes (the AVX2 form never saturates:
+    /// unsigned levels <= 63, signed ones by the sign trick <= 128).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avxvnni")]
+    pub(super) unsafe fn dot4_vnni<const SIGNED: bool>(w: __m256i, x: __m256i) -> __m256i {
+        let (u, x) = if SIGNED {
+            (_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+        } else {
+            (w, x)
+        };
+        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, x)
+    }
+
+    /// [`dot_two_avx2`] on AVX-VNNI: the first product shifted by 8 bits
+    /// is the second `vpdpbusd`'s accumulator; the same i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avxvnni")]
+    pub(super) unsafe fn dot_two_vnni<const SIGNED: bool>(
+        w: __m256i,
+        x: __m256i,
+        xl: __m256i,
+    ) -> __m256i {
+        let (u, x, xl) = if SIGNED {
+            (
+                _mm256_sign_epi8(w, w),
+                _mm256_sign_epi8(x, w),
+                _mm256_sign_epi8(xl, w),
+            )
+        } else {
+            (w, x, xl)
+        };
+        let hi = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, x);
+        _mm256_dpbusd_avx_epi32(_mm256_slli_epi32::<8>(hi), u, xl)
+    }
+
     macro_rules! q4_kernel {
-        ($name:ident, $dot:ident, $features:literal) => {
+        ($name:ident, $dot:ident, $two:ident, $features:literal) => {
             /// `Q4_0`, `Q4_1` (`MIN`), `Q5_0` (`FIVE`) or `Q5_1` (both)
             /// rows.
             ///
@@ -531,7 +572,7 @@ mod x86 {
                             }
                             let w = q4_levels::<FIVE>(p, bs);
                             let p = if LO {
-                                dot_two_avx2::<false>(w, x, xl)
+                                $two::<false>(w, x, xl)
                             } else {
                                 $dot::<false>(w, x)
                             };
@@ -562,7 +603,7 @@ mod x86 {
     }
 
     macro_rules! q8_kernel {
-        ($name:ident, $dot:ident, $features:literal) => {
+        ($name:ident, $dot:ident, $two:ident, $features:literal) => {
             /// `Q8_0` rows (signed levels, no offset).
             ///
             /// # Safety
@@ -611,7 +652,7 @@ mod x86 {
                             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
                             let w = _mm256_loadu_si256(p.add(2).cast());
                             let p = if LO {
-                                dot_two_avx2::<true>(w, x, xl)
+                                $two::<true>(w, x, xl)
                             } else {
                                 $dot::<true>(w, x)
                             };
@@ -628,6 +669,8 @@ mod x86 {
         };
     }
 
-    q4_kernel!(q4_avx2, dot4_avx2, "avx2,fma,f16c");
-    q8_kernel!(q8_avx2, dot4_avx2, "avx2,fma,f16c");
+    q4_kernel!(q4_avx2, dot4_avx2, dot_two_avx2, "avx2,fma,f16c");
+    q8_kernel!(q8_avx2, dot4_avx2, dot_two_avx2, "avx2,fma,f16c");
+    q4_kernel!(q4_avxvnni, dot4_vnni, dot_two_vnni, "avx2,fma,f16c,avxvnni");
+    q8_kernel!(q8_avxvnni, dot4_vnni, dot_two_vnni, "avx2,fma,f16c,avxvnni");
 }

@@ -313,6 +313,21 @@ fn direct_few_row_path_matches_f64_across_stripes_and_tails() {
                         assert!((f64::from(res[t]) - e).abs() <= 1e-3 * (1.0 + e.abs()));
                     }
                 }
+                // The AVX2 kernels' plain form: the AVX-VNNI form's bits
+                // (where the CPU has it, `dot_rows` took that form).
+                #[cfg(target_arch = "x86_64")]
+                if direct && isa == Isa::Avx2 {
+                    let mut plain = [f32::NAN; NR];
+                    super::kernels::without_avx_vnni(|| {
+                        gemv::dot_rows(isa, &w, n - 2, 2, &act, m - 1, &mut plain)
+                    });
+                    assert_eq!(
+                        plain.map(f32::to_bits)[..2],
+                        res.map(f32::to_bits)[..2],
+                        "{} {p:?} m={m}: AVX2 with and without AVX-VNNI",
+                        ty.name()
+                    );
+                }
                 let mut out = vec![f32::NAN; m * n];
                 matmul(&act, &w, &mut out, n, false, isa);
                 for (i, (g, e)) in out.iter().zip(&want).enumerate() {

@@ -167,11 +167,32 @@ pub const AVX_VNNI_ENV: &str = "PAGED_ENGINE_AVX_VNNI";
 /// once per process.
 #[cfg(target_arch = "x86_64")]
 pub(super) fn has_avx_vnni() -> bool {
+    #[cfg(test)]
+    if NO_AVX_VNNI.get() {
+        return false;
+    }
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
         std::arch::is_x86_feature_detected!("avxvnni")
             && std::env::var_os(AVX_VNNI_ENV).is_none_or(|v| v != "0")
     })
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Set by [`without_avx_vnni`]: [`has_avx_vnni`] says false on this
+    /// thread.
+    static NO_AVX_VNNI: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with [`has_avx_vnni`] false on this thread (for the tests: the
+/// AVX2 kernels' plain form on a CPU that has AVX-VNNI).
+#[cfg(test)]
+pub(super) fn without_avx_vnni<R>(f: impl FnOnce() -> R) -> R {
+    NO_AVX_VNNI.set(true);
+    let r = f();
+    NO_AVX_VNNI.set(false);
+    r
 }
 
 /// `res[r][t] = dot(tile row t, activation row r0 + r)` for `r < mr`,
