@@ -95,8 +95,9 @@ pub fn dot_rows(
         let vnni = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni;
         // SAFETY: `supported` checked that the CPU has AVX2 + FMA (+F16C,
         // which every AVX2 CPU has; `Isa::best` checked AVX2/FMA), VNNI
-        // only when `vnni`, AVX-VNNI only where `has_avx_vnni` found it, and the 512-bit kernels run only where
-        // `zmm::available` found AVX-512 F/BW/VL/VNNI. The row slices lie in
+        // only when `vnni`, AVX-VNNI only where `has_avx_vnni` found it,
+        // and the 512-bit kernels run only where `zmm::available` found
+        // AVX-512 F/BW/VL/VNNI. The row slices lie in
         // `w.bytes` (one allocation). Each row slice holds `k / 32` whole blocks of
         // `w.ty`, `qx` k levels, `dx` k / 32 scales, `sx` k / 16 sums
         // (`QuantizedActs::row`, the assert above).

@@ -213,7 +213,7 @@ unsafe fn q4_levels<const MIN: bool, const FIVE: bool, const TWO: bool>(p: *cons
 /// without `TWO`, words 2-3 are zero).
 ///
 /// # Safety
-/// The CPU has SSE4.1; `p` holds the block (and the next when `TWO`).
+/// The CPU has AVX2; `p` holds the block (and the next when `TWO`).
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn q4_head<const TWO: bool>(p: *const u8, bs: usize) -> __m128i {
