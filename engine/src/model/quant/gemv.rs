@@ -104,30 +104,37 @@ pub fn dot_rows(
         unsafe {
             let zmm = vnni && zmm::available();
             // The K-quants: 512-bit kernels, or (AVX2, and VNNI CPUs
-            // without AVX-512 BW/VL) the 256-bit ones.
+            // without AVX-512 BW/VL) the 256-bit ones. The 256-bit
+            // kernels run in their AVX-VNNI form where the CPU has it
+            // (the same bits).
+            let avx_vnni = !zmm && super::kernels::has_avx_vnni();
             macro_rules! call_k {
-                ($m:ident) => {
+                ($m:ident, $q4k:ident, $q6k:ident) => {
                     match (w.ty, row_lo) {
                         (QuantType::Q4K, false) => {
-                            $m::q4k::<false, false>(&rows, qx, lo, dx, sx, res)
+                            $m::$q4k::<false, false>(&rows, qx, lo, dx, sx, res)
                         }
                         (QuantType::Q4K, true) => {
-                            $m::q4k::<false, true>(&rows, qx, lo, dx, sx, res)
+                            $m::$q4k::<false, true>(&rows, qx, lo, dx, sx, res)
                         }
                         (QuantType::Q5K, false) => {
-                            $m::q4k::<true, false>(&rows, qx, lo, dx, sx, res)
+                            $m::$q4k::<true, false>(&rows, qx, lo, dx, sx, res)
                         }
-                        (QuantType::Q5K, true) => $m::q4k::<true, true>(&rows, qx, lo, dx, sx, res),
-                        (QuantType::Q6K, false) => $m::q6k::<false>(&rows, qx, lo, dx, sx, res),
-                        (QuantType::Q6K, true) => $m::q6k::<true>(&rows, qx, lo, dx, sx, res),
+                        (QuantType::Q5K, true) => {
+                            $m::$q4k::<true, true>(&rows, qx, lo, dx, sx, res)
+                        }
+                        (QuantType::Q6K, false) => $m::$q6k::<false>(&rows, qx, lo, dx, sx, res),
+                        (QuantType::Q6K, true) => $m::$q6k::<true>(&rows, qx, lo, dx, sx, res),
                         _ => {}
                     }
                 };
             }
             if zmm {
-                call_k!(zmm_k);
+                call_k!(zmm_k, q4k, q6k);
+            } else if avx_vnni {
+                call_k!(ymm_k, q4k_avxvnni, q6k_avxvnni);
             } else {
-                call_k!(ymm_k);
+                call_k!(ymm_k, q4k, q6k);
             }
             if matches!(w.ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q6K) {
                 return true;
@@ -156,9 +163,6 @@ pub fn dot_rows(
                     }
                 };
             }
-            // The 256-bit kernels in their AVX-VNNI form where the CPU
-            // has it (the same bits).
-            let avx_vnni = !zmm && super::kernels::has_avx_vnni();
             match (zmm, row_lo) {
                 (false, false) if avx_vnni => call!(q4_avxvnni, q8_avxvnni, false),
                 (false, true) if avx_vnni => call!(q4_avxvnni, q8_avxvnni, true),
