@@ -192,6 +192,9 @@ pub struct ManyRows {
     #[cfg(target_arch = "x86_64")]
     chunks: Vec<(usize, Packed)>,
     lo: bool,
+    /// The AVX2 kernels in their AVX-VNNI form (`kernels::has_avx_vnni`).
+    #[cfg(target_arch = "x86_64")]
+    avx_vnni: bool,
 }
 
 /// One chunk of rows packed for one kernel family.
@@ -252,6 +255,7 @@ impl ManyRows {
             Some(Self {
                 chunks,
                 lo: !act.lo.is_empty(),
+                avx_vnni: !zmm && super::kernels::has_avx_vnni(),
             })
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -291,7 +295,8 @@ pub fn dot_rows_many(
             assert_eq!(a.k(), w.cols, "dot_rows_many: shapes");
             // SAFETY: `ManyRows::new` found the CPU features the kernels
             // need (AVX-512 VNNI for `Zmm`; `supported`'s AVX2, FMA, F16C
-            // for `Ymm`) and a supported type; each of `rows` is one whole
+            // for `Ymm`, and AVX-VNNI where `avx_vnni`) and a supported
+            // type; each of `rows` is one whole
             // row of `w.ty` blocks inside `w.bytes`; `a` packs `k = w.cols`
             // values of each of its activation rows for `w.ty` (with
             // residuals when `lo`). (Chunks hold 2 to `MAX_ROWS` rows:
@@ -305,11 +310,25 @@ pub fn dot_rows_many(
                     (Packed::Zmm(a), 6) => zmm_many::<6>(w.ty, many.lo, rows, pf, a, &mut out),
                     (Packed::Zmm(a), 7) => zmm_many::<7>(w.ty, many.lo, rows, pf, a, &mut out),
                     (Packed::Zmm(a), _) => zmm_many::<8>(w.ty, many.lo, rows, pf, a, &mut out),
-                    (Packed::Ymm(a), 2) => ymm_many::<2>(w.ty, many.lo, rows, pf, a, &mut out),
-                    (Packed::Ymm(a), 3) => ymm_many::<3>(w.ty, many.lo, rows, pf, a, &mut out),
-                    (Packed::Ymm(a), 4) => ymm_many::<4>(w.ty, many.lo, rows, pf, a, &mut out),
-                    (Packed::Ymm(a), 5) => ymm_many::<5>(w.ty, many.lo, rows, pf, a, &mut out),
-                    (Packed::Ymm(a), _) => ymm_many::<6>(w.ty, many.lo, rows, pf, a, &mut out),
+                    (Packed::Ymm(a), m) => {
+                        // The AVX-VNNI form where `ManyRows::new` found it.
+                        macro_rules! ymm {
+                            ($m:literal) => {
+                                if many.avx_vnni {
+                                    ymm_many_vnni::<$m>(w.ty, many.lo, rows, pf, a, &mut out)
+                                } else {
+                                    ymm_many::<$m>(w.ty, many.lo, rows, pf, a, &mut out)
+                                }
+                            };
+                        }
+                        match m {
+                            2 => ymm!(2),
+                            3 => ymm!(3),
+                            4 => ymm!(4),
+                            5 => ymm!(5),
+                            _ => ymm!(6),
+                        }
+                    }
                 }
             }
             for (t, vals) in out.iter().enumerate().take(nr) {
@@ -343,7 +362,7 @@ macro_rules! by_lo {
 /// modules `$rows` (32-block types) and `$k_rows` (K-quants).
 #[cfg(target_arch = "x86_64")]
 macro_rules! many_rows_fn {
-    ($name:ident, $packed:ty, $rows:ident, $k_rows:ident, $features:literal) => {
+    ($name:ident, $packed:ty, $rows:ident, $k_rows:ident, $features:literal $(; $pre:literal)?) => {
         /// The weight rows `rows` against the `M` activation rows of `a`:
         /// `out[t][r]`.
         ///
@@ -369,14 +388,14 @@ macro_rules! many_rows_fn {
             // SAFETY: the caller's contract is each kernel's.
             unsafe {
                 match ty {
-                    QuantType::Q4_0 => by_lo!(lo, (rows, pf, a, res), M; q4_rows, false, false),
-                    QuantType::Q4_1 => by_lo!(lo, (rows, pf, a, res), M; q4_rows, true, false),
-                    QuantType::Q5_0 => by_lo!(lo, (rows, pf, a, res), M; q4_rows, false, true),
-                    QuantType::Q5_1 => by_lo!(lo, (rows, pf, a, res), M; q4_rows, true, true),
-                    QuantType::Q8_0 => by_lo!(lo, (rows, pf, a, res), M; q8_rows),
-                    QuantType::Q4K => by_lo!(lo, (rows, pf, a, res), M; q4k_rows, false),
-                    QuantType::Q5K => by_lo!(lo, (rows, pf, a, res), M; q4k_rows, true),
-                    QuantType::Q6K => by_lo!(lo, (rows, pf, a, res), M; q6k_rows),
+                    QuantType::Q4_0 => by_lo!(lo, (rows, pf, a, res), M; q4_rows $(, $pre)?, false, false),
+                    QuantType::Q4_1 => by_lo!(lo, (rows, pf, a, res), M; q4_rows $(, $pre)?, true, false),
+                    QuantType::Q5_0 => by_lo!(lo, (rows, pf, a, res), M; q4_rows $(, $pre)?, false, true),
+                    QuantType::Q5_1 => by_lo!(lo, (rows, pf, a, res), M; q4_rows $(, $pre)?, true, true),
+                    QuantType::Q8_0 => by_lo!(lo, (rows, pf, a, res), M; q8_rows $(, $pre)?),
+                    QuantType::Q4K => by_lo!(lo, (rows, pf, a, res), M; q4k_rows $(, $pre)?, false),
+                    QuantType::Q5K => by_lo!(lo, (rows, pf, a, res), M; q4k_rows $(, $pre)?, true),
+                    QuantType::Q6K => by_lo!(lo, (rows, pf, a, res), M; q6k_rows $(, $pre)?),
                     other => unreachable!("no many-row kernel for {other:?}"),
                 }
             }
@@ -401,7 +420,15 @@ many_rows_fn!(
     ymm_rows::YmmActs,
     ymm_rows,
     ymm_k_rows,
-    "avx2,fma,f16c"
+    "avx2,fma,f16c"; false
+);
+#[cfg(target_arch = "x86_64")]
+many_rows_fn!(
+    ymm_many_vnni,
+    ymm_rows::YmmActs,
+    ymm_rows,
+    ymm_k_rows,
+    "avx2,fma,f16c"; true
 );
 
 #[cfg(target_arch = "x86_64")]

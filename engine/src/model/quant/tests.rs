@@ -292,6 +292,27 @@ fn direct_few_row_path_matches_f64_across_stripes_and_tails() {
                 if let Some(many) = gemv::ManyRows::new(isa, ty, &act) {
                     let mut all = [[f32::NAN; NR]; MANY_MAX_M];
                     gemv::dot_rows_many(&w, n - 3, 3, &many, &mut all);
+                    // The AVX2 many-row kernels' plain form: the AVX-VNNI
+                    // form's bits (where the CPU has it, `all` took it).
+                    #[cfg(target_arch = "x86_64")]
+                    if isa == Isa::Avx2 {
+                        let mut plain = [[f32::NAN; NR]; MANY_MAX_M];
+                        super::kernels::without_avx_vnni(|| {
+                            let many = gemv::ManyRows::new(isa, ty, &act).expect("built above");
+                            gemv::dot_rows_many(&w, n - 3, 3, &many, &mut plain)
+                        });
+                        let bits = |v: &[[f32; NR]]| -> Vec<u32> {
+                            v.iter()
+                                .flat_map(|r| r[..3].iter().map(|x| x.to_bits()))
+                                .collect()
+                        };
+                        assert_eq!(
+                            bits(&plain[..m]),
+                            bits(&all[..m]),
+                            "{} {p:?} m={m}: AVX2 many-row kernels with and without AVX-VNNI",
+                            ty.name()
+                        );
+                    }
                     for (r, got) in all.iter().enumerate().take(m) {
                         let mut one = [f32::NAN; NR];
                         gemv::dot_rows(isa, &w, n - 3, 3, &act, r, &mut one);

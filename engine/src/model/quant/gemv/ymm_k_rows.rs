@@ -33,12 +33,13 @@ use model_loader::quant::scale_min_k4;
 /// kernel gives it.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; each of `rows` holds `a.k() / 256`
-/// blocks of the type and lies in one allocation (the prefetch `pf` bytes
-/// ahead needs no validity); `a` was packed by [`YmmActs::new`] for a
-/// K-quant with `M` rows (with residual levels when `LO`).
+/// The CPU has AVX2, FMA and F16C (and AVX-VNNI with `VNNI`); each of
+/// `rows` holds `a.k() / 256` blocks of the type and lies in one
+/// allocation (the prefetch `pf` bytes ahead needs no validity); `a` was
+/// packed by [`YmmActs::new`] for a K-quant with `M` rows (with residual
+/// levels when `LO`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q4k_rows<const Q5: bool, const LO: bool, const M: usize>(
+pub unsafe fn q4k_rows<const VNNI: bool, const Q5: bool, const LO: bool, const M: usize>(
     rows: &[&[u8]],
     pf: usize,
     a: &YmmActs,
@@ -73,7 +74,7 @@ pub unsafe fn q4k_rows<const Q5: bool, const LO: bool, const M: usize>(
                         let dm = _mm256_set1_ps(dmin * f32::from(m));
                         off = _mm256_sub_ps(off, _mm256_mul_ps(dm, pair));
                         for (r, acc) in acc.iter_mut().enumerate() {
-                            let prod = row_dot::<false, LO>(wh, u, r);
+                            let prod = row_dot::<false, LO, VNNI>(wh, u, r);
                             *acc = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(&s[r]), *acc);
                         }
                     }
@@ -95,7 +96,7 @@ pub unsafe fn q4k_rows<const Q5: bool, const LO: bool, const M: usize>(
 /// # Safety
 /// As for [`q4k_rows`], with 210-byte blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q6k_rows<const LO: bool, const M: usize>(
+pub unsafe fn q6k_rows<const VNNI: bool, const LO: bool, const M: usize>(
     rows: &[&[u8]],
     pf: usize,
     a: &YmmActs,
@@ -145,7 +146,7 @@ pub unsafe fn q6k_rows<const LO: bool, const M: usize>(
                                 _mm_broadcast_ss(&hi_half[r]),
                                 _mm_broadcast_ss(&lo_half[r]),
                             );
-                            let prod = row_dot::<false, LO>(wi, u, r);
+                            let prod = row_dot::<false, LO, VNNI>(wi, u, r);
                             *acc = _mm256_fmadd_ps(prod, sv, *acc);
                         }
                     }
