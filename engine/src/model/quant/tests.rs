@@ -260,6 +260,15 @@ fn register_blocks_match_f64_on_row_and_column_tails() {
 
 #[test]
 fn direct_few_row_path_matches_f64_across_stripes_and_tails() {
+    #[cfg(target_arch = "x86_64")]
+    eprintln!(
+        "AVX2 one-row and many-row kernels: AVX-VNNI form {}",
+        if super::kernels::has_avx_vnni() {
+            "ran (compared with the plain form)"
+        } else {
+            "not run (this CPU lacks it)"
+        }
+    );
     // n = 130: two thread stripes, each ending in a partial group of rows.
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let n = 130;
