@@ -24,7 +24,7 @@
 
 use model_loader::QuantType;
 
-use super::act::QuantizedActs;
+use super::act::{ActRow, QuantizedActs};
 #[cfg(target_arch = "x86_64")]
 mod packed;
 #[cfg(target_arch = "x86_64")]
@@ -63,7 +63,8 @@ pub fn supported(isa: Isa, ty: QuantType) -> bool {
 
 /// `res[t] = dot(w row j + t, activation row r)` for `t < nr` (`nr <= NR`);
 /// the other entries are unspecified. Returns false (and computes nothing)
-/// when [`supported`] is false.
+/// when [`supported`] is false. (A product calls [`RowKernel::dot`] with a
+/// kernel chosen once; this chooses it per call.)
 pub fn dot_rows(
     isa: Isa,
     w: &QMatrix,
@@ -73,111 +74,134 @@ pub fn dot_rows(
     r: usize,
     res: &mut [f32; NR],
 ) -> bool {
-    if !supported(isa, w.ty) {
-        return false;
-    }
-    assert!(
-        (1..=NR).contains(&nr) && j + nr <= w.rows && act.k == w.cols && r < act.m,
-        "dot_rows: shapes"
-    );
-    let rb = w.row_bytes();
-    // Rows past `nr` repeat the last valid one (results discarded).
-    let rows: [&[u8]; NR] = std::array::from_fn(|t| {
-        let row = j + t.min(nr - 1);
-        &w.bytes[row * rb..(row + 1) * rb]
-    });
-    let row = act.row(r);
-    let (qx, dx, sx) = (row.q, row.d, row.sums);
-    let lo = row.lo.unwrap_or(&[]);
-    let row_lo = row.lo.is_some();
-    #[cfg(target_arch = "x86_64")]
-    {
-        let vnni = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni;
-        // SAFETY: `supported` checked that the CPU has AVX2 + FMA (+F16C,
-        // which every AVX2 CPU has; `Isa::best` checked AVX2/FMA), VNNI
-        // only when `vnni`, AVX-VNNI only where `has_avx_vnni` found it,
-        // and the 512-bit kernels run only where `zmm::available` found
-        // AVX-512 F/BW/VL/VNNI. The row slices lie in
-        // `w.bytes` (one allocation). Each row slice holds `k / 32` whole blocks of
-        // `w.ty`, `qx` k levels, `dx` k / 32 scales, `sx` k / 16 sums
-        // (`QuantizedActs::row`, the assert above).
-        unsafe {
-            let zmm = vnni && zmm::available();
-            // The K-quants: 512-bit kernels, or (AVX2, and VNNI CPUs
-            // without AVX-512 BW/VL) the 256-bit ones. The 256-bit
-            // kernels run in their AVX-VNNI form where the CPU has it
-            // (the same bits).
-            let avx_vnni = !zmm && super::kernels::has_avx_vnni();
-            macro_rules! call_k {
-                ($m:ident, $q4k:ident, $q6k:ident) => {
-                    match (w.ty, row_lo) {
-                        (QuantType::Q4K, false) => {
-                            $m::$q4k::<false, false>(&rows, qx, lo, dx, sx, res)
-                        }
-                        (QuantType::Q4K, true) => {
-                            $m::$q4k::<false, true>(&rows, qx, lo, dx, sx, res)
-                        }
-                        (QuantType::Q5K, false) => {
-                            $m::$q4k::<true, false>(&rows, qx, lo, dx, sx, res)
-                        }
-                        (QuantType::Q5K, true) => {
-                            $m::$q4k::<true, true>(&rows, qx, lo, dx, sx, res)
-                        }
-                        (QuantType::Q6K, false) => $m::$q6k::<false>(&rows, qx, lo, dx, sx, res),
-                        (QuantType::Q6K, true) => $m::$q6k::<true>(&rows, qx, lo, dx, sx, res),
-                        _ => {}
-                    }
-                };
-            }
-            if zmm {
-                call_k!(zmm_k, q4k, q6k);
-            } else if avx_vnni {
-                call_k!(ymm_k, q4k_avxvnni, q6k_avxvnni);
-            } else {
-                call_k!(ymm_k, q4k, q6k);
-            }
-            if matches!(w.ty, QuantType::Q4K | QuantType::Q5K | QuantType::Q6K) {
-                return true;
-            }
-            macro_rules! call {
-                ($q4:ident, $q8:ident, $lo:literal) => {
-                    match w.ty {
-                        QuantType::Q4_0 => {
-                            x86::$q4::<false, false, $lo>(&rows, qx, lo, dx, sx, res)
-                        }
-                        QuantType::Q4_1 => x86::$q4::<true, false, $lo>(&rows, qx, lo, dx, sx, res),
-                        QuantType::Q5_0 => x86::$q4::<false, true, $lo>(&rows, qx, lo, dx, sx, res),
-                        QuantType::Q5_1 => x86::$q4::<true, true, $lo>(&rows, qx, lo, dx, sx, res),
-                        _ => x86::$q8::<$lo>(&rows, qx, lo, dx, res),
-                    }
-                };
-            }
-            macro_rules! call_zmm {
-                ($lo:literal) => {
-                    match w.ty {
-                        QuantType::Q4_0 => zmm::q4::<false, false, $lo>(&rows, qx, lo, dx, sx, res),
-                        QuantType::Q4_1 => zmm::q4::<true, false, $lo>(&rows, qx, lo, dx, sx, res),
-                        QuantType::Q5_0 => zmm::q4::<false, true, $lo>(&rows, qx, lo, dx, sx, res),
-                        QuantType::Q5_1 => zmm::q4::<true, true, $lo>(&rows, qx, lo, dx, sx, res),
-                        _ => zmm::q8::<$lo>(&rows, qx, lo, dx, sx, res),
-                    }
-                };
-            }
-            match (zmm, row_lo) {
-                (false, false) if avx_vnni => call!(q4_avxvnni, q8_avxvnni, false),
-                (false, true) if avx_vnni => call!(q4_avxvnni, q8_avxvnni, true),
-                (false, false) => call!(q4_avx2, q8_avx2, false),
-                (false, true) => call!(q4_avx2, q8_avx2, true),
-                (true, false) => call_zmm!(false),
-                (true, true) => call_zmm!(true),
-            }
+    assert!(r < act.m, "dot_rows: shapes");
+    match RowKernel::new(isa, w.ty, !act.lo.is_empty()) {
+        Some(kernel) => {
+            kernel.dot(w, j, nr, &act.row(r), res);
+            true
         }
-        true
+        None => false,
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (rows, qx, lo, row_lo, dx, sx, res);
-        false
+}
+
+/// What every one-row kernel takes: `NR` weight rows (whole rows of the
+/// type's blocks, in one allocation), one activation row's levels, its
+/// residual levels (empty without), its block scales and 16-sums, and the
+/// `NR` results.
+#[cfg(target_arch = "x86_64")]
+type RowFn = unsafe fn(&[&[u8]; NR], &[i8], &[i8], &[f32], &[f32], &mut [f32; NR]);
+
+/// The one-row kernel for one product (weight type, ISA, what this CPU
+/// has, activations with or without residual levels), chosen once rather
+/// than per call of 4 weight rows (`perf`, SmolLM2 Q4_K_M batch 1 on
+/// AVX-512: the per-call code outside the kernels 3.9% of the step
+/// before, 2.3% after; in tok/s within noise).
+///
+/// Invariant: `f` runs only on a CPU with the features it was compiled
+/// for (checked by [`RowKernel::new`]) and only on rows of `ty` with
+/// activations that have residual levels exactly when `lo` ([`RowKernel::dot`]
+/// asserts both).
+#[derive(Clone, Copy)]
+pub struct RowKernel {
+    ty: QuantType,
+    lo: bool,
+    #[cfg(target_arch = "x86_64")]
+    f: RowFn,
+}
+
+impl RowKernel {
+    /// The kernel for `ty` on `isa` with activations that have residual
+    /// levels when `lo`; `None` where [`supported`] is false.
+    pub fn new(isa: Isa, ty: QuantType, lo: bool) -> Option<Self> {
+        if !supported(isa, ty) {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let vnni = isa == Isa::Avx512Vnni && Isa::best() == Isa::Avx512Vnni;
+            let zmm = vnni && zmm::available();
+            // The 256-bit kernels run in their AVX-VNNI form where the CPU
+            // has it (the same bits).
+            let avx_vnni = !zmm && super::kernels::has_avx_vnni();
+            macro_rules! pick {
+                ($a:ident::$q4:ident, $b:ident::$q8:ident, $c:ident::$q4k:ident, $d:ident::$q6k:ident) => {
+                    match (ty, lo) {
+                        (QuantType::Q4_0, false) => $a::$q4::<false, false, false> as RowFn,
+                        (QuantType::Q4_0, true) => $a::$q4::<false, false, true>,
+                        (QuantType::Q4_1, false) => $a::$q4::<true, false, false>,
+                        (QuantType::Q4_1, true) => $a::$q4::<true, false, true>,
+                        (QuantType::Q5_0, false) => $a::$q4::<false, true, false>,
+                        (QuantType::Q5_0, true) => $a::$q4::<false, true, true>,
+                        (QuantType::Q5_1, false) => $a::$q4::<true, true, false>,
+                        (QuantType::Q5_1, true) => $a::$q4::<true, true, true>,
+                        (QuantType::Q8_0, false) => $b::$q8::<false>,
+                        (QuantType::Q8_0, true) => $b::$q8::<true>,
+                        (QuantType::Q4K, false) => $c::$q4k::<false, false>,
+                        (QuantType::Q4K, true) => $c::$q4k::<false, true>,
+                        (QuantType::Q5K, false) => $c::$q4k::<true, false>,
+                        (QuantType::Q5K, true) => $c::$q4k::<true, true>,
+                        (QuantType::Q6K, false) => $d::$q6k::<false>,
+                        (QuantType::Q6K, true) => $d::$q6k::<true>,
+                        _ => return None,
+                    }
+                };
+            }
+            let f = if zmm {
+                pick!(zmm::q4, zmm::q8, zmm_k::q4k, zmm_k::q6k)
+            } else if avx_vnni {
+                pick!(
+                    x86::q4_avxvnni,
+                    x86::q8_avxvnni,
+                    ymm_k::q4k_avxvnni,
+                    ymm_k::q6k_avxvnni
+                )
+            } else {
+                pick!(x86::q4_avx2, x86::q8_avx2, ymm_k::q4k, ymm_k::q6k)
+            };
+            Some(Self { ty, lo, f })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = lo;
+            None
+        }
+    }
+
+    /// `res[t] = dot(w row j + t, row)` for `t < nr` (`nr <= NR`); the
+    /// other entries are unspecified.
+    ///
+    /// Panics unless `w` is of the kernel's type, `row` has residual
+    /// levels exactly when the kernel takes them, and the shapes agree.
+    pub fn dot(&self, w: &QMatrix, j: usize, nr: usize, row: &ActRow<'_>, res: &mut [f32; NR]) {
+        assert!(
+            w.ty == self.ty
+                && row.lo.is_some() == self.lo
+                && (1..=NR).contains(&nr)
+                && j + nr <= w.rows
+                && row.q.len() == w.cols,
+            "dot_rows: shapes"
+        );
+        let rb = w.row_bytes();
+        // Rows past `nr` repeat the last valid one (results discarded).
+        let rows: [&[u8]; NR] = std::array::from_fn(|t| {
+            let row = j + t.min(nr - 1);
+            &w.bytes[row * rb..(row + 1) * rb]
+        });
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `new` chose `f` for the CPU's features (`supported`:
+        // AVX2 + FMA + F16C, which every AVX2 CPU has; VNNI only for
+        // `Avx512Vnni` where `Isa::best` says so, AVX-VNNI only where
+        // `has_avx_vnni` found it, the 512-bit kernels only where
+        // `zmm::available` found AVX-512 F/BW/VL/VNNI) and for `w.ty`
+        // and `lo` (asserted above). The row slices lie in `w.bytes` (one
+        // allocation) and each holds `k / block_len` whole blocks of
+        // `w.ty`; `row` holds `k = w.cols` levels (and residuals when
+        // `lo`), `k / 32` scales and `k / 16` sums (`QuantizedActs::row`).
+        unsafe {
+            (self.f)(&rows, row.q, row.lo.unwrap_or(&[]), row.d, row.sums, res)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (rows, res);
     }
 }
 
@@ -650,6 +674,7 @@ mod x86 {
                 qx: &[i8],
                 lo: &[i8],
                 dx: &[f32],
+                _sx: &[f32],
                 res: &mut [f32; NR],
             ) {
                 let nb = qx.len() / 32;

@@ -61,6 +61,7 @@ use model_loader::{QuantTensor, QuantType};
 
 use crate::model::linear::SendPtr;
 use crate::model::par;
+use act::ActRow;
 pub use act::{ActPrecision, QuantizedActs};
 pub use kernels::{Isa, MR};
 use tile::Tile;
@@ -260,7 +261,11 @@ pub fn matmul_with(
     let many = (m > 1)
         .then(|| gemv::ManyRows::new(isa, w.ty, act))
         .flatten();
-    let direct = many.is_some() || (m <= GEMV_MAX_M && gemv::supported(isa, w.ty));
+    // Up to GEMV_MAX_M rows: the one-row kernel, chosen once.
+    let one_row = (many.is_none() && m <= GEMV_MAX_M)
+        .then(|| gemv::RowKernel::new(isa, w.ty, !act.lo.is_empty()))
+        .flatten();
+    let direct = many.is_some() || one_row.is_some();
     let built;
     let lane_acts = match (
         &act.lanes,
@@ -302,6 +307,8 @@ pub fn matmul_with(
             }
         };
         if direct {
+            let act_rows: [Option<ActRow<'_>>; GEMV_MAX_M] =
+                std::array::from_fn(|r| (one_row.is_some() && r < m).then(|| act.row(r)));
             let mut j = c0;
             let mut res = [0f32; NR];
             let mut res_many = [[0f32; NR]; MANY_MAX_M];
@@ -315,9 +322,11 @@ pub fn matmul_with(
                     j += nr;
                     continue;
                 }
-                for r in 0..m {
-                    gemv::dot_rows(isa, w, j, nr, act, r, &mut res);
-                    put(r, j, &res[..nr]);
+                if let Some(kernel) = &one_row {
+                    for (r, row) in act_rows.iter().flatten().enumerate() {
+                        kernel.dot(w, j, nr, row, &mut res);
+                        put(r, j, &res[..nr]);
+                    }
                 }
                 j += nr;
             }
