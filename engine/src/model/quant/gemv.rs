@@ -508,6 +508,29 @@ mod x86 {
         }
     }
 
+    /// The operands of the unsigned-by-signed byte products of levels `w`
+    /// with activation levels `x` and residuals `xl`: as they are, or
+    /// (`SIGNED` levels) `|w|` with `x` and `xl` given `w`'s signs (the
+    /// sign trick: `vpmaddubsw` and `vpdpbusd` take an unsigned first
+    /// operand).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(super) fn byte_operands<const SIGNED: bool>(
+        w: __m256i,
+        x: __m256i,
+        xl: __m256i,
+    ) -> (__m256i, __m256i, __m256i) {
+        if SIGNED {
+            (
+                _mm256_sign_epi8(w, w),
+                _mm256_sign_epi8(x, w),
+                _mm256_sign_epi8(xl, w),
+            )
+        } else {
+            (w, x, xl)
+        }
+    }
+
     /// `256 dot(w, x) + dot(w, xl)` in 8 i32 lanes (sums of 4 products):
     /// the `vpmaddwd` by 256 does the shift. The i16 pair sums of
     /// `vpmaddubsw` stay below 2 * 128 * 127 (no saturation).
@@ -518,15 +541,7 @@ mod x86 {
         x: __m256i,
         xl: __m256i,
     ) -> __m256i {
-        let (u, x, xl) = if SIGNED {
-            (
-                _mm256_sign_epi8(w, w),
-                _mm256_sign_epi8(x, w),
-                _mm256_sign_epi8(xl, w),
-            )
-        } else {
-            (w, x, xl)
-        };
+        let (u, x, xl) = byte_operands::<SIGNED>(w, x, xl);
         _mm256_add_epi32(
             _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(256)),
             _mm256_madd_epi16(_mm256_maddubs_epi16(u, xl), _mm256_set1_epi16(1)),
@@ -539,11 +554,7 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma,avxvnni")]
     pub(super) unsafe fn dot4_vnni<const SIGNED: bool>(w: __m256i, x: __m256i) -> __m256i {
-        let (u, x) = if SIGNED {
-            (_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
-        } else {
-            (w, x)
-        };
+        let (u, x, _) = byte_operands::<SIGNED>(w, x, x);
         _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, x)
     }
 
@@ -556,15 +567,7 @@ mod x86 {
         x: __m256i,
         xl: __m256i,
     ) -> __m256i {
-        let (u, x, xl) = if SIGNED {
-            (
-                _mm256_sign_epi8(w, w),
-                _mm256_sign_epi8(x, w),
-                _mm256_sign_epi8(xl, w),
-            )
-        } else {
-            (w, x, xl)
-        };
+        let (u, x, xl) = byte_operands::<SIGNED>(w, x, xl);
         let hi = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, x);
         _mm256_dpbusd_avx_epi32(_mm256_slli_epi32::<8>(hi), u, xl)
     }

@@ -258,17 +258,24 @@ fn register_blocks_match_f64_on_row_and_column_tails() {
     }
 }
 
+/// Says in the test output whether `what`'s AVX-VNNI form ran (and was
+/// compared with the plain form): on a CPU without AVX-VNNI the tests'
+/// with/without comparisons compare the plain form with itself.
+fn say_whether_avx_vnni_ran(what: &str) {
+    #[cfg(target_arch = "x86_64")]
+    let ran = super::kernels::has_avx_vnni();
+    #[cfg(not(target_arch = "x86_64"))]
+    let ran = false;
+    if ran {
+        eprintln!("{what}: AVX-VNNI form ran (compared with the plain form)");
+    } else {
+        eprintln!("{what}: AVX-VNNI form not run (this CPU lacks it)");
+    }
+}
+
 #[test]
 fn direct_few_row_path_matches_f64_across_stripes_and_tails() {
-    #[cfg(target_arch = "x86_64")]
-    eprintln!(
-        "AVX2 one-row and many-row kernels: AVX-VNNI form {}",
-        if super::kernels::has_avx_vnni() {
-            "ran (compared with the plain form)"
-        } else {
-            "not run (this CPU lacks it)"
-        }
-    );
+    say_whether_avx_vnni_ran("AVX2 one-row and many-row kernels");
     // n = 130: two thread stripes, each ending in a partial group of rows.
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let n = 130;
@@ -474,15 +481,7 @@ fn long_prompts_split_into_panels_with_the_same_results() {
 #[allow(clippy::needless_range_loop)] // g indexes the pair and names the group
 fn lane_kernels_match_their_portable_form_bit_for_bit() {
     use super::lanes::{dot_groups, scalar_group, GroupRes, LANES, MAX_LANES};
-    #[cfg(target_arch = "x86_64")]
-    eprintln!(
-        "lane kernels: AVX-VNNI form {}",
-        if super::kernels::has_avx_vnni() {
-            "ran"
-        } else {
-            "not run (this CPU lacks it)"
-        }
-    );
+    say_whether_avx_vnni_ran("AVX2 lane kernel");
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for ty in QuantType::ALL {
         let k = 2 * ty.block_len().max(64);

@@ -44,7 +44,7 @@ use model_loader::QuantType;
 use super::super::act::QuantizedActs;
 use super::super::kernels::x86::{dot4_avx2, hsum};
 use super::packed::PackedRows;
-use super::x86::{dot_two_avx2, q4_block_bytes, q4_levels};
+use super::x86::{byte_operands, dot_two_avx2, q4_block_bytes, q4_levels};
 
 /// Most activation rows one kernel call takes (`M` accumulators, two
 /// offset vectors, the block's levels and scales in the 16 registers).
@@ -123,29 +123,10 @@ impl PackedRows<32> {
     }
 }
 
-/// `$acc += dot4($u, $x)` in each i32 lane (four u8 x i8 products): one
-/// VEX-encoded `vpdpbusd` (AVX-VNNI). As `asm!`, so the kernels that use
-/// it need no `avxvnni` target feature and stay one generic body (the
-/// intrinsic would inline only into functions compiled with it).
-///
-/// Expands to an `asm!`, used inside `unsafe`: sound where the CPU has
-/// AVX-VNNI (the instruction touches registers only).
-macro_rules! dpbusd_vex {
-    ($acc:expr, $u:expr, $x:expr) => {
-        std::arch::asm!(
-            "{{vex}} vpdpbusd {a}, {u}, {x}",
-            a = inout(ymm_reg) $acc,
-            u = in(ymm_reg) $u,
-            x = in(ymm_reg) $x,
-            options(pure, nomem, nostack, preserves_flags),
-        )
-    };
-}
-
 /// Row `r`'s integer product with `w` for the block at `at` (levels at
 /// `at + 64 r`, residuals 32 bytes on), as the one-row kernels form it,
-/// in `f32`; with `VNNI`, by AVX-VNNI's `vpdpbusd` (the same i32 lanes:
-/// the AVX2 form never saturates).
+/// in `f32`; with `VNNI`, by AVX-VNNI's `vpdpbusd` (`vnni_asm!`; the same
+/// i32 lanes: the AVX2 form never saturates).
 ///
 /// # Safety
 /// The CPU has AVX2 (and AVX-VNNI with `VNNI`); `at + 64 r` holds 64
@@ -166,22 +147,14 @@ pub(super) unsafe fn row_dot<const SIGNED: bool, const LO: bool, const VNNI: boo
             x
         };
         let p = if VNNI {
-            let (u, x, xl) = if SIGNED {
-                (
-                    _mm256_sign_epi8(w, w),
-                    _mm256_sign_epi8(x, w),
-                    _mm256_sign_epi8(xl, w),
-                )
-            } else {
-                (w, x, xl)
-            };
+            let (u, x, xl) = byte_operands::<SIGNED>(w, x, xl);
             let mut acc = _mm256_setzero_si256();
-            dpbusd_vex!(acc, u, x);
+            vnni_asm!("{{vex}} vpdpbusd", ymm_reg, acc, u, x);
             if LO {
                 // The first product shifted by 8 bits is the second's
                 // accumulator (as `dot_two_vnni`).
                 acc = _mm256_slli_epi32::<8>(acc);
-                dpbusd_vex!(acc, u, xl);
+                vnni_asm!("{{vex}} vpdpbusd", ymm_reg, acc, u, xl);
             }
             acc
         } else if LO {

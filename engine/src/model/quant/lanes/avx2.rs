@@ -15,25 +15,6 @@ use super::super::tile::Tile;
 use super::super::NR;
 use super::{half_scales, GroupRes, LaneActs, LANES};
 
-/// `$acc += $x . $w` in each i32 lane (two i16 products): one VEX-encoded
-/// `vpdpwssd` (AVX-VNNI). Written as `asm!` for the reason the AVX-512
-/// kernel's is (LLVM's generic tuning splits the intrinsic back into
-/// `vpmaddwd` + `vpaddd`).
-///
-/// Expands to an `asm!`, used inside `unsafe`: sound where the CPU has
-/// AVX-VNNI (the instruction touches registers only).
-macro_rules! dpwssd_vex {
-    ($acc:expr, $x:expr, $w:expr) => {
-        std::arch::asm!(
-            "{{vex}} vpdpwssd {a}, {x}, {w}",
-            a = inout(ymm_reg) $acc,
-            x = in(ymm_reg) $x,
-            w = in(ymm_reg) $w,
-            options(pure, nomem, nostack, preserves_flags),
-        )
-    };
-}
-
 /// [`groups`] for `res.len()` (1 or 2) groups, by the tile's scale
 /// granularity and offsets; with `vnni`, its AVX-VNNI form.
 ///
@@ -147,7 +128,7 @@ unsafe fn groups<const G: usize, const HALF: bool, const OFF: bool, const VNNI: 
                         let w = _mm256_set1_epi32(w);
                         for i in 0..G {
                             if VNNI {
-                                dpwssd_vex!(acc[i][t], x[i], w);
+                                vnni_asm!("{{vex}} vpdpwssd", ymm_reg, acc[i][t], x[i], w);
                             } else {
                                 let prod = _mm256_madd_epi16(x[i], w);
                                 acc[i][t] = _mm256_add_epi32(acc[i][t], prod);

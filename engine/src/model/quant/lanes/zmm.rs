@@ -16,29 +16,6 @@ use super::super::tile::Tile;
 use super::super::NR;
 use super::{half_scales, GroupRes, LaneActs, MAX_LANES};
 
-/// `$acc += $x . $w` in each i32 lane (two i16 products), one `vpdpwssd`.
-///
-/// Written as `asm!` because LLVM (generic tuning) rewrote most of the
-/// intrinsic's uses in [`groups`] into `vpmaddwd` + `vpaddd` (472 of 544),
-/// two instructions where one does: on Intel's Sapphire/Emerald Rapids,
-/// which issue two `vpdpwssd` a cycle (latency ~6), the pair runs at half
-/// that rate (measured 2.9 G pairs/s against 5.8 G `vpdpwssd`/s with 12
-/// or more independent chains, one core).
-///
-/// Expands to an `asm!`, used inside `unsafe`: sound where the enclosing
-/// function enables AVX-512 VNNI (the instruction touches registers only).
-macro_rules! dpwssd {
-    ($acc:expr, $x:expr, $w:expr) => {
-        std::arch::asm!(
-            "vpdpwssd {a}, {x}, {w}",
-            a = inout(zmm_reg) $acc,
-            x = in(zmm_reg) $x,
-            w = in(zmm_reg) $w,
-            options(pure, nomem, nostack, preserves_flags),
-        )
-    };
-}
-
 /// [`groups`] for `res.len()` (1 or 2) groups, by the tile's scale
 /// granularity and offsets.
 ///
@@ -99,7 +76,7 @@ unsafe fn groups<const G: usize, const HALF: bool, const OFF: bool>(
         // scales and its two 16-groups' sums lie inside each group; each
         // tile row t reads w16[t kp + 32 c .. + 32], a8[t kp / 4 + 8 c +
         // 4 h] and bb[t gp + 2 c + h], inside the tile (k <= kp); this
-        // function enables AVX-512 VNNI (`dpwssd!`).
+        // function enables AVX-512 VNNI (`vnni_asm!`).
         unsafe {
             let mut dv = [_mm512_setzero_ps(); G];
             for i in 0..G {
@@ -116,7 +93,7 @@ unsafe fn groups<const G: usize, const HALF: bool, const OFF: bool>(
                         let w = wp.add(t * kp + 2 * p).cast::<i32>().read_unaligned();
                         let w = _mm512_set1_epi32(w);
                         for i in 0..G {
-                            dpwssd!(acc[i][t], x[i], w);
+                            vnni_asm!("vpdpwssd", zmm_reg, acc[i][t], x[i], w);
                         }
                     }
                 }
