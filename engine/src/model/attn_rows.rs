@@ -208,14 +208,17 @@ mod x86 {
 
     use super::KvElem;
 
-    /// Keys ahead of the one in use whose cache lines the 512-bit loops
-    /// ask for: the pool is paged, so the hardware prefetcher cannot
-    /// follow a sequence's keys from block to block, and at batch 32 those
-    /// loops waited on memory (measured on a Zen 5-class 2-core VM: the
-    /// 512-bit loops alone gained ~2.5% of a decode step with their share
-    /// of the profile unchanged; these prefetches gained 0-5% more). The
-    /// AVX2 loops do not prefetch: measured neutral there.
-    pub(super) const AHEAD: usize = 8;
+    /// Keys ahead of the one in use whose cache lines the loops ask for:
+    /// the pool is paged, so the hardware prefetcher cannot follow a
+    /// sequence's keys from block to block, and at batch 32 these loops
+    /// wait on memory (f16 keys and values stream at ~15 GB/s, f32 ones
+    /// at ~23). Measured, batch-32 decode of SmolLM2 Q4_K_M on 2 cores:
+    /// on a Zen 5-class VM 8 keys ahead gained 0-5% of a step (the AVX2
+    /// loops then measured neutral); on an Emerald Rapids VM 24 beat 8
+    /// (512-bit: fastest forward 50.4-54.3 -> 49.0-50.1 ms over 5
+    /// alternated pairs; AVX2: 65.4-66.9 -> 63.0-63.8 ms over 3, the
+    /// loops' share of the profile 14.8-15.0% -> 13.6-14.0%).
+    pub(super) const AHEAD: usize = 24;
 
     /// Asks for the cache lines of `len` values at `p` (a hint that never
     /// faults).
@@ -290,6 +293,9 @@ mod x86 {
             // < H n = out.len().
             unsafe {
                 let k = [pp.add(addrs[i]), pp.add(addrs[i + 1])];
+                for &a in addrs.get(i + AHEAD..(i + AHEAD + 2).min(n)).unwrap_or(&[]) {
+                    prefetch_key(pp.add(a), hd);
+                }
                 let mut acc = [[zero; H]; 2];
                 for d in (0..hd).step_by(8) {
                     let kv = [load8(k[0].add(d)), load8(k[1].add(d))];
@@ -395,6 +401,9 @@ mod x86 {
             // SAFETY: the caller's contract: a + c0 + 8 W <= a + hd <=
             // pool.len(), and h n + j < H n = p.len().
             unsafe {
+                if let Some(&next) = addrs.get(j + AHEAD) {
+                    prefetch_key(pool.as_ptr().add(next + c0), 8 * W);
+                }
                 let v = pool.as_ptr().add(a + c0);
                 let mut vals = [_mm256_setzero_ps(); W];
                 for (w, x) in vals.iter_mut().enumerate() {
