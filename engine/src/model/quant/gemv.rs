@@ -123,25 +123,27 @@ impl RowKernel {
             // The 256-bit kernels run in their AVX-VNNI form where the CPU
             // has it (the same bits).
             let avx_vnni = !zmm && super::kernels::has_avx_vnni();
+            // The 256-bit kernels take a leading `VNNI` const (`$v`: whether
+            // to run their AVX-VNNI form).
             macro_rules! pick {
-                ($a:ident::$q4:ident, $b:ident::$q8:ident, $c:ident::$q4k:ident, $d:ident::$q6k:ident) => {
+                ($a:ident::$q4:ident, $b:ident::$q8:ident, $c:ident::$q4k:ident, $d:ident::$q6k:ident $(; $v:literal)?) => {
                     match (ty, lo) {
-                        (QuantType::Q4_0, false) => $a::$q4::<false, false, false> as RowFn,
-                        (QuantType::Q4_0, true) => $a::$q4::<false, false, true>,
-                        (QuantType::Q4_1, false) => $a::$q4::<true, false, false>,
-                        (QuantType::Q4_1, true) => $a::$q4::<true, false, true>,
-                        (QuantType::Q5_0, false) => $a::$q4::<false, true, false>,
-                        (QuantType::Q5_0, true) => $a::$q4::<false, true, true>,
-                        (QuantType::Q5_1, false) => $a::$q4::<true, true, false>,
-                        (QuantType::Q5_1, true) => $a::$q4::<true, true, true>,
-                        (QuantType::Q8_0, false) => $b::$q8::<false>,
-                        (QuantType::Q8_0, true) => $b::$q8::<true>,
-                        (QuantType::Q4K, false) => $c::$q4k::<false, false>,
-                        (QuantType::Q4K, true) => $c::$q4k::<false, true>,
-                        (QuantType::Q5K, false) => $c::$q4k::<true, false>,
-                        (QuantType::Q5K, true) => $c::$q4k::<true, true>,
-                        (QuantType::Q6K, false) => $d::$q6k::<false>,
-                        (QuantType::Q6K, true) => $d::$q6k::<true>,
+                        (QuantType::Q4_0, false) => $a::$q4::<$($v,)? false, false, false> as RowFn,
+                        (QuantType::Q4_0, true) => $a::$q4::<$($v,)? false, false, true>,
+                        (QuantType::Q4_1, false) => $a::$q4::<$($v,)? true, false, false>,
+                        (QuantType::Q4_1, true) => $a::$q4::<$($v,)? true, false, true>,
+                        (QuantType::Q5_0, false) => $a::$q4::<$($v,)? false, true, false>,
+                        (QuantType::Q5_0, true) => $a::$q4::<$($v,)? false, true, true>,
+                        (QuantType::Q5_1, false) => $a::$q4::<$($v,)? true, true, false>,
+                        (QuantType::Q5_1, true) => $a::$q4::<$($v,)? true, true, true>,
+                        (QuantType::Q8_0, false) => $b::$q8::<$($v,)? false>,
+                        (QuantType::Q8_0, true) => $b::$q8::<$($v,)? true>,
+                        (QuantType::Q4K, false) => $c::$q4k::<$($v,)? false, false>,
+                        (QuantType::Q4K, true) => $c::$q4k::<$($v,)? false, true>,
+                        (QuantType::Q5K, false) => $c::$q4k::<$($v,)? true, false>,
+                        (QuantType::Q5K, true) => $c::$q4k::<$($v,)? true, true>,
+                        (QuantType::Q6K, false) => $d::$q6k::<$($v,)? false>,
+                        (QuantType::Q6K, true) => $d::$q6k::<$($v,)? true>,
                         _ => return None,
                     }
                 };
@@ -149,14 +151,9 @@ impl RowKernel {
             let f = if zmm {
                 pick!(zmm::q4, zmm::q8, zmm_k::q4k, zmm_k::q6k)
             } else if avx_vnni {
-                pick!(
-                    x86::q4_avxvnni,
-                    x86::q8_avxvnni,
-                    ymm_k::q4k_avxvnni,
-                    ymm_k::q6k_avxvnni
-                )
+                pick!(x86::q4, x86::q8, ymm_k::q4k, ymm_k::q6k; true)
             } else {
-                pick!(x86::q4_avx2, x86::q8_avx2, ymm_k::q4k, ymm_k::q6k)
+                pick!(x86::q4, x86::q8, ymm_k::q4k, ymm_k::q6k; false)
             };
             Some(Self { ty, lo, f })
         }
@@ -459,7 +456,7 @@ many_rows_fn!(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::kernels::x86::{dot4_avx2, hsum};
+    use super::super::kernels::x86::hsum;
     use super::zmm::PF_GROUPS;
     use super::NR;
 
@@ -531,208 +528,187 @@ mod x86 {
         }
     }
 
-    /// `256 dot(w, x) + dot(w, xl)` in 8 i32 lanes (sums of 4 products):
-    /// the `vpmaddwd` by 256 does the shift. The i16 pair sums of
-    /// `vpmaddubsw` stay below 2 * 128 * 127 (no saturation).
+    /// The integer product of 32 levels `w` with activation levels `x`
+    /// in 8 i32 lanes, each a sum of 4 products; with `LO`, `256 dot(w, x)
+    /// + dot(w, xl)` (the residual level's exact combination).
+    ///
+    /// The AVX2 form: `vpmaddubsw`, then `vpmaddwd` by 1 (or by 256, the
+    /// shift); the i16 pair sums stay below 2 * 128 * 127 (unsigned levels
+    /// <= 63, signed ones <= 128 by the sign trick), so nothing saturates.
+    /// With `VNNI`, AVX-VNNI's `vpdpbusd` (`vnni_asm!`) per `vpmaddubsw` +
+    /// `vpmaddwd`, the first product shifted by 8 bits as the second's
+    /// accumulator: the same i32 lanes, so the same bits. Every AVX2
+    /// integer kernel of this module takes its products from here.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 (and AVX-VNNI with `VNNI`).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot_two_avx2<const SIGNED: bool>(
+    pub(super) unsafe fn dot_levels<const SIGNED: bool, const LO: bool, const VNNI: bool>(
         w: __m256i,
         x: __m256i,
         xl: __m256i,
     ) -> __m256i {
         let (u, x, xl) = byte_operands::<SIGNED>(w, x, xl);
-        _mm256_add_epi32(
-            _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(256)),
-            _mm256_madd_epi16(_mm256_maddubs_epi16(u, xl), _mm256_set1_epi16(1)),
-        )
+        if VNNI {
+            let mut acc = _mm256_setzero_si256();
+            // SAFETY: the CPU has AVX-VNNI (contract); registers only.
+            unsafe { vnni_asm!("{{vex}} vpdpbusd", ymm_reg, acc, u, x) };
+            if LO {
+                acc = _mm256_slli_epi32::<8>(acc);
+                // SAFETY: as above.
+                unsafe { vnni_asm!("{{vex}} vpdpbusd", ymm_reg, acc, u, xl) };
+            }
+            acc
+        } else if LO {
+            _mm256_add_epi32(
+                _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(256)),
+                _mm256_madd_epi16(_mm256_maddubs_epi16(u, xl), _mm256_set1_epi16(1)),
+            )
+        } else {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1))
+        }
     }
 
-    /// [`dot4_avx2`] on AVX-VNNI: one VEX `vpdpbusd` for `vpmaddubsw` +
-    /// `vpmaddwd`; the same i32 lanes (the AVX2 form never saturates:
-    /// unsigned levels <= 63, signed ones by the sign trick <= 128).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,avxvnni")]
-    pub(super) unsafe fn dot4_vnni<const SIGNED: bool>(w: __m256i, x: __m256i) -> __m256i {
-        let (u, x, _) = byte_operands::<SIGNED>(w, x, x);
-        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, x)
-    }
-
-    /// [`dot_two_avx2`] on AVX-VNNI: the first product shifted by 8 bits
-    /// is the second `vpdpbusd`'s accumulator; the same i32 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,avxvnni")]
-    pub(super) unsafe fn dot_two_vnni<const SIGNED: bool>(
-        w: __m256i,
-        x: __m256i,
-        xl: __m256i,
-    ) -> __m256i {
-        let (u, x, xl) = byte_operands::<SIGNED>(w, x, xl);
-        let hi = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, x);
-        _mm256_dpbusd_avx_epi32(_mm256_slli_epi32::<8>(hi), u, xl)
-    }
-
-    macro_rules! q4_kernel {
-        ($name:ident, $dot:ident, $two:ident, $features:literal) => {
-            /// `Q4_0`, `Q4_1` (`MIN`), `Q5_0` (`FIVE`) or `Q5_1` (both)
-            /// rows.
-            ///
-            /// # Safety
-            /// The CPU has the enabled features; every row holds `k / 32`
-            /// blocks (18, 20, 22 or 24 bytes), `qx` k levels, `dx` k / 32 scales,
-            /// `sx` k / 16 sums, `k = qx.len()`; with `LO`, `lo` k levels.
-            #[target_feature(enable = $features)]
-            pub unsafe fn $name<const MIN: bool, const FIVE: bool, const LO: bool>(
-                rows: &[&[u8]; NR],
-                qx: &[i8],
-                lo: &[i8],
-                dx: &[f32],
-                sx: &[f32],
-                res: &mut [f32; NR],
-            ) {
-                let bs = q4_block_bytes::<MIN, FIVE>();
-                let nb = qx.len() / 32;
-                debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
-                debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb);
-                // Prefetch distance: PF_GROUPS groups of NR rows.
-                let pf = PF_GROUPS * NR * nb * bs;
-                let mut acc = [_mm256_setzero_ps(); NR];
-                // Lanes 2t, 2t + 1: row t's sum of d * s and (MIN) m * s.
-                let mut offv = _mm256_setzero_ps();
-                // Row t's scale sits in lane 2t of the converted vector.
-                let lane: [__m256i; NR] = std::array::from_fn(|t| _mm256_set1_epi32(2 * t as i32));
-                let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
-                for c in 0..nb {
-                    // SAFETY: c < nb: the 32 levels at 32 c lie in `qx` (and
-                    // with LO in `lo`),
-                    // dx[c], sx[2c], sx[2c + 1] in their slices, and the
-                    // block at c * bs (bs bytes) in every row (contract).
-                    unsafe {
-                        let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
-                        let xl = if LO {
-                            _mm256_loadu_si256(lo.as_ptr().add(c * 32).cast())
-                        } else {
-                            x
-                        };
-                        let d = *dx.get_unchecked(c);
-                        let s = *sx.get_unchecked(2 * c) + *sx.get_unchecked(2 * c + 1);
-                        // The NR rows' first 4 bytes (d, then m or level
-                        // bytes) as 8 halves -> [d0 m0 d1 m1 ...] in f32 (the
-                        // odd lanes are read only with MIN).
-                        let head = |t: usize| rp[t].add(c * bs).cast::<i32>().read_unaligned();
-                        let dm =
-                            _mm256_cvtph_ps(_mm_setr_epi32(head(0), head(1), head(2), head(3)));
-                        let scaled = _mm256_mul_ps(dm, _mm256_set1_ps(d));
-                        offv = _mm256_fmadd_ps(dm, _mm256_set1_ps(s), offv);
-                        for t in 0..NR {
-                            let p = rp[t].add(c * bs);
-                            // Every block (2-3 prefetches per line): one
-                            // every other block had LLVM duplicate the
-                            // loop body and keep two rows' sums on the
-                            // stack (measured 5-6% slower from L2).
-                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
-                            let w = q4_levels::<FIVE>(p, bs);
-                            let p = if LO {
-                                $two::<false>(w, x, xl)
-                            } else {
-                                $dot::<false>(w, x)
-                            };
-                            let prod = _mm256_cvtepi32_ps(p);
-                            let sc = _mm256_permutevar8x32_ps(scaled, lane[t]);
-                            acc[t] = _mm256_fmadd_ps(prod, sc, acc[t]);
-                        }
-                    }
-                }
-                let mut offs = [0f32; 8];
-                // SAFETY: 8 f32 into an [f32; 8]; the CPU has AVX2 (contract).
-                unsafe { _mm256_storeu_ps(offs.as_mut_ptr(), offv) };
+    /// `Q4_0`, `Q4_1` (`MIN`), `Q5_0` (`FIVE`) or `Q5_1` (both)
+    /// rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C (and AVX-VNNI with `VNNI`); every
+    /// row holds `k / 32` blocks (18, 20, 22 or 24 bytes), `qx` k levels,
+    /// `dx` k / 32 scales, `sx` k / 16 sums, `k = qx.len()`; with `LO`,
+    /// `lo` k levels.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q4<const VNNI: bool, const MIN: bool, const FIVE: bool, const LO: bool>(
+        rows: &[&[u8]; NR],
+        qx: &[i8],
+        lo: &[i8],
+        dx: &[f32],
+        sx: &[f32],
+        res: &mut [f32; NR],
+    ) {
+        let bs = q4_block_bytes::<MIN, FIVE>();
+        let nb = qx.len() / 32;
+        debug_assert!(rows.iter().all(|r| r.len() >= nb * bs));
+        debug_assert!(dx.len() >= nb && sx.len() >= 2 * nb);
+        // Prefetch distance: PF_GROUPS groups of NR rows.
+        let pf = PF_GROUPS * NR * nb * bs;
+        let mut acc = [_mm256_setzero_ps(); NR];
+        // Lanes 2t, 2t + 1: row t's sum of d * s and (MIN) m * s.
+        let mut offv = _mm256_setzero_ps();
+        // Row t's scale sits in lane 2t of the converted vector.
+        let lane: [__m256i; NR] = std::array::from_fn(|t| _mm256_set1_epi32(2 * t as i32));
+        let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
+        for c in 0..nb {
+            // SAFETY: c < nb: the 32 levels at 32 c lie in `qx` (and
+            // with LO in `lo`),
+            // dx[c], sx[2c], sx[2c + 1] in their slices, and the
+            // block at c * bs (bs bytes) in every row (contract).
+            unsafe {
+                let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
+                let xl = if LO {
+                    _mm256_loadu_si256(lo.as_ptr().add(c * 32).cast())
+                } else {
+                    x
+                };
+                let d = *dx.get_unchecked(c);
+                let s = *sx.get_unchecked(2 * c) + *sx.get_unchecked(2 * c + 1);
+                // The NR rows' first 4 bytes (d, then m or level
+                // bytes) as 8 halves -> [d0 m0 d1 m1 ...] in f32 (the
+                // odd lanes are read only with MIN).
+                let head = |t: usize| rp[t].add(c * bs).cast::<i32>().read_unaligned();
+                let dm = _mm256_cvtph_ps(_mm_setr_epi32(head(0), head(1), head(2), head(3)));
+                let scaled = _mm256_mul_ps(dm, _mm256_set1_ps(d));
+                offv = _mm256_fmadd_ps(dm, _mm256_set1_ps(s), offv);
                 for t in 0..NR {
-                    // The offset of a level: m (MIN), else -16 d (Q5_0)
-                    // or -8 d (Q4_0).
-                    let off = if MIN {
-                        offs[2 * t + 1]
-                    } else if FIVE {
-                        -16.0 * offs[2 * t]
-                    } else {
-                        -8.0 * offs[2 * t]
-                    };
-                    // SAFETY: the CPU has AVX2 (contract).
-                    res[t] = unsafe { hsum(acc[t]) } + off;
+                    let p = rp[t].add(c * bs);
+                    // Every block (2-3 prefetches per line): one
+                    // every other block had LLVM duplicate the
+                    // loop body and keep two rows' sums on the
+                    // stack (measured 5-6% slower from L2).
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
+                    let w = q4_levels::<FIVE>(p, bs);
+                    let p = dot_levels::<false, LO, VNNI>(w, x, xl);
+                    let prod = _mm256_cvtepi32_ps(p);
+                    let sc = _mm256_permutevar8x32_ps(scaled, lane[t]);
+                    acc[t] = _mm256_fmadd_ps(prod, sc, acc[t]);
                 }
             }
-        };
+        }
+        let mut offs = [0f32; 8];
+        // SAFETY: 8 f32 into an [f32; 8]; the CPU has AVX2 (contract).
+        unsafe { _mm256_storeu_ps(offs.as_mut_ptr(), offv) };
+        for t in 0..NR {
+            // The offset of a level: m (MIN), else -16 d (Q5_0)
+            // or -8 d (Q4_0).
+            let off = if MIN {
+                offs[2 * t + 1]
+            } else if FIVE {
+                -16.0 * offs[2 * t]
+            } else {
+                -8.0 * offs[2 * t]
+            };
+            // SAFETY: the CPU has AVX2 (contract).
+            res[t] = unsafe { hsum(acc[t]) } + off;
+        }
     }
 
-    macro_rules! q8_kernel {
-        ($name:ident, $dot:ident, $two:ident, $features:literal) => {
-            /// `Q8_0` rows (signed levels, no offset).
-            ///
-            /// # Safety
-            /// The CPU has the enabled features; every row holds `k / 32`
-            /// 34-byte blocks, `qx` (and with `LO` `lo`) k levels, `dx` k / 32
-            /// scales.
-            #[target_feature(enable = $features)]
-            pub unsafe fn $name<const LO: bool>(
-                rows: &[&[u8]; NR],
-                qx: &[i8],
-                lo: &[i8],
-                dx: &[f32],
-                _sx: &[f32],
-                res: &mut [f32; NR],
-            ) {
-                let nb = qx.len() / 32;
-                debug_assert!(rows.iter().all(|r| r.len() >= nb * 34) && dx.len() >= nb);
-                let mut acc = [_mm256_setzero_ps(); NR];
-                let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
-                let pf = PF_GROUPS * NR * nb * 34;
-                for c in 0..nb {
-                    // SAFETY: as in the 4-bit kernel, with 34-byte blocks
-                    // (prefetches never fault).
-                    unsafe {
-                        let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
-                        let xl = if LO {
-                            _mm256_loadu_si256(lo.as_ptr().add(c * 32).cast())
-                        } else {
-                            x
-                        };
-                        let d = *dx.get_unchecked(c);
-                        // The NR rows' scales converted together, times the
-                        // activations' (the same f32 product per row), each
-                        // row's then taken by a broadcast load (four f16
-                        // in one u64: NR is 4).
-                        const _: () = assert!(NR == 4);
-                        let head =
-                            |t: usize| u64::from(rp[t].add(c * 34).cast::<u16>().read_unaligned());
-                        let h = head(0) | head(1) << 16 | head(2) << 32 | head(3) << 48;
-                        let mut dw = [0f32; NR];
-                        _mm_storeu_ps(
-                            dw.as_mut_ptr(),
-                            _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(h as i64)), _mm_set1_ps(d)),
-                        );
-                        for t in 0..NR {
-                            let p = rp[t].add(c * 34);
-                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
-                            let w = _mm256_loadu_si256(p.add(2).cast());
-                            let p = if LO {
-                                $two::<true>(w, x, xl)
-                            } else {
-                                $dot::<true>(w, x)
-                            };
-                            let prod = _mm256_cvtepi32_ps(p);
-                            acc[t] = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(&dw[t]), acc[t]);
-                        }
-                    }
-                }
+    /// `Q8_0` rows (signed levels, no offset).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C (and AVX-VNNI with `VNNI`); every
+    /// row holds `k / 32` 34-byte blocks, `qx` (and with `LO` `lo`) k
+    /// levels, `dx` k / 32 scales.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q8<const VNNI: bool, const LO: bool>(
+        rows: &[&[u8]; NR],
+        qx: &[i8],
+        lo: &[i8],
+        dx: &[f32],
+        _sx: &[f32],
+        res: &mut [f32; NR],
+    ) {
+        let nb = qx.len() / 32;
+        debug_assert!(rows.iter().all(|r| r.len() >= nb * 34) && dx.len() >= nb);
+        let mut acc = [_mm256_setzero_ps(); NR];
+        let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
+        let pf = PF_GROUPS * NR * nb * 34;
+        for c in 0..nb {
+            // SAFETY: as in the 4-bit kernel, with 34-byte blocks
+            // (prefetches never fault).
+            unsafe {
+                let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
+                let xl = if LO {
+                    _mm256_loadu_si256(lo.as_ptr().add(c * 32).cast())
+                } else {
+                    x
+                };
+                let d = *dx.get_unchecked(c);
+                // The NR rows' scales converted together, times the
+                // activations' (the same f32 product per row), each
+                // row's then taken by a broadcast load (four f16
+                // in one u64: NR is 4).
+                const _: () = assert!(NR == 4);
+                let head = |t: usize| u64::from(rp[t].add(c * 34).cast::<u16>().read_unaligned());
+                let h = head(0) | head(1) << 16 | head(2) << 32 | head(3) << 48;
+                let mut dw = [0f32; NR];
+                _mm_storeu_ps(
+                    dw.as_mut_ptr(),
+                    _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(h as i64)), _mm_set1_ps(d)),
+                );
                 for t in 0..NR {
-                    // SAFETY: the CPU has AVX2 (contract).
-                    res[t] = unsafe { hsum(acc[t]) };
+                    let p = rp[t].add(c * 34);
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf).cast());
+                    let w = _mm256_loadu_si256(p.add(2).cast());
+                    let p = dot_levels::<true, LO, VNNI>(w, x, xl);
+                    let prod = _mm256_cvtepi32_ps(p);
+                    acc[t] = _mm256_fmadd_ps(prod, _mm256_broadcast_ss(&dw[t]), acc[t]);
                 }
             }
-        };
+        }
+        for t in 0..NR {
+            // SAFETY: the CPU has AVX2 (contract).
+            res[t] = unsafe { hsum(acc[t]) };
+        }
     }
-
-    q4_kernel!(q4_avx2, dot4_avx2, dot_two_avx2, "avx2,fma,f16c");
-    q8_kernel!(q8_avx2, dot4_avx2, dot_two_avx2, "avx2,fma,f16c");
-    q4_kernel!(q4_avxvnni, dot4_vnni, dot_two_vnni, "avx2,fma,f16c,avxvnni");
-    q8_kernel!(q8_avxvnni, dot4_vnni, dot_two_vnni, "avx2,fma,f16c,avxvnni");
 }

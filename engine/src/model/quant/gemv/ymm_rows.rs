@@ -42,9 +42,9 @@ use std::arch::x86_64::*;
 use model_loader::QuantType;
 
 use super::super::act::QuantizedActs;
-use super::super::kernels::x86::{dot4_avx2, hsum};
+use super::super::kernels::x86::hsum;
 use super::packed::PackedRows;
-use super::x86::{byte_operands, dot_two_avx2, q4_block_bytes, q4_levels};
+use super::x86::{dot_levels, q4_block_bytes, q4_levels};
 
 /// Most activation rows one kernel call takes (`M` accumulators, two
 /// offset vectors, the block's levels and scales in the 16 registers).
@@ -125,8 +125,7 @@ impl PackedRows<32> {
 
 /// Row `r`'s integer product with `w` for the block at `at` (levels at
 /// `at + 64 r`, residuals 32 bytes on), as the one-row kernels form it,
-/// in `f32`; with `VNNI`, by AVX-VNNI's `vpdpbusd` (`vnni_asm!`; the same
-/// i32 lanes: the AVX2 form never saturates).
+/// in `f32` (with `VNNI` in the AVX-VNNI form: the same bits).
 ///
 /// # Safety
 /// The CPU has AVX2 (and AVX-VNNI with `VNNI`); `at + 64 r` holds 64
@@ -146,23 +145,7 @@ pub(super) unsafe fn row_dot<const SIGNED: bool, const LO: bool, const VNNI: boo
         } else {
             x
         };
-        let p = if VNNI {
-            let (u, x, xl) = byte_operands::<SIGNED>(w, x, xl);
-            let mut acc = _mm256_setzero_si256();
-            vnni_asm!("{{vex}} vpdpbusd", ymm_reg, acc, u, x);
-            if LO {
-                // The first product shifted by 8 bits is the second's
-                // accumulator (as `dot_two_vnni`).
-                acc = _mm256_slli_epi32::<8>(acc);
-                vnni_asm!("{{vex}} vpdpbusd", ymm_reg, acc, u, xl);
-            }
-            acc
-        } else if LO {
-            dot_two_avx2::<SIGNED>(w, x, xl)
-        } else {
-            dot4_avx2::<SIGNED>(w, x)
-        };
-        _mm256_cvtepi32_ps(p)
+        _mm256_cvtepi32_ps(dot_levels::<SIGNED, LO, VNNI>(w, x, xl))
     }
 }
 
