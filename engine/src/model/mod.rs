@@ -27,7 +27,7 @@
 
 pub mod arch;
 pub mod attention;
-mod attn_rows;
+pub mod attn_rows;
 pub mod backend;
 pub mod batch;
 pub mod cpu_backend;
