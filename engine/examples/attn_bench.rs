@@ -17,7 +17,7 @@
 //! Run: `cargo run --release -p engine --example attn_bench [-- --kv-f32] [--keys=N]`
 //! To compare two builds, copy one binary aside and run both alternately.
 
-use engine::model::attn_rows::{scores, weighted_sum};
+use engine::model::attn_rows::{prefetch_first, scores, weighted_sum};
 use engine::model::kv_cache::KvElem;
 use std::time::Instant;
 
@@ -61,6 +61,10 @@ fn pass<E: KvElem>(k: &[E], v: &[E], keys: usize, hot: bool, wide: bool, loops: 
                 }));
                 if loops != Loops::Sums {
                     scores(&q, HEAD_DIM, k, &addrs, 0.125, &mut p, wide);
+                }
+                if loops == Loops::Both {
+                    // As the engine does between the two (around its softmax).
+                    prefetch_first(v, &addrs, HEAD_DIM);
                 }
                 if loops != Loops::Scores {
                     weighted_sum(&p, v, &addrs, HEAD_DIM, &mut o, wide);

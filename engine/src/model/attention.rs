@@ -242,6 +242,8 @@ fn attend_task<E: KvElem>(
         keys.each(first, n_keys, |_, at| addrs.push(at));
         scores.resize(task.heads * addrs.len(), 0.0);
         attn_rows::scores(qv, hd, &layer.k, addrs, params.scale, scores, params.wide);
+        // The first values' lines arrive during the softmax.
+        attn_rows::prefetch_first(&layer.v, addrs, hd);
         for head_scores in scores.chunks_exact_mut(addrs.len().max(1)) {
             softmax_in_place(head_scores);
         }

@@ -94,6 +94,30 @@ pub fn scores<E: KvElem>(
     }
 }
 
+/// Asks for the cache lines of the first keys (or values) at `addrs`, as
+/// many as the loops prefetch ahead: called for the values before the
+/// work that precedes [`weighted_sum`] (the softmax), so that its first
+/// keys do not start cold. A hint: no effect on results; nothing where the
+/// vector loops are not compiled in.
+pub fn prefetch_first<E: KvElem>(pool: &[E], addrs: &[usize], hd: usize) {
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    ))]
+    for &a in &addrs[..addrs.len().min(x86::AHEAD)] {
+        x86::prefetch_key(pool.as_ptr().wrapping_add(a), hd);
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        target_feature = "f16c"
+    )))]
+    let _ = (pool, addrs, hd);
+}
+
 /// `o[h] = sum_i p[h * n + i] * pool[addrs[i]..][..hd]`, keys in order, for
 /// the `H = o.len() / hd` heads of `o` (`[H, hd]`), `n = addrs.len()`.
 ///
