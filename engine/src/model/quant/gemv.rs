@@ -570,6 +570,30 @@ mod x86 {
         }
     }
 
+    /// The 32 activation levels at `at` and, with `LO`, their residual
+    /// levels (without `LO`, the levels again: [`dot_levels`] ignores them).
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `qx` (and with `LO` `lo`) hold 32 levels at `at`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn act_levels<const LO: bool>(
+        qx: &[i8],
+        lo: &[i8],
+        at: usize,
+    ) -> (__m256i, __m256i) {
+        // SAFETY: the contract.
+        unsafe {
+            let x = _mm256_loadu_si256(qx.as_ptr().add(at).cast());
+            let xl = if LO {
+                _mm256_loadu_si256(lo.as_ptr().add(at).cast())
+            } else {
+                x
+            };
+            (x, xl)
+        }
+    }
+
     /// `Q4_0`, `Q4_1` (`MIN`), `Q5_0` (`FIVE`) or `Q5_1` (both)
     /// rows.
     ///
@@ -601,16 +625,11 @@ mod x86 {
         let rp: [*const u8; NR] = std::array::from_fn(|t| rows[t].as_ptr());
         for c in 0..nb {
             // SAFETY: c < nb: the 32 levels at 32 c lie in `qx` (and
-            // with LO in `lo`),
-            // dx[c], sx[2c], sx[2c + 1] in their slices, and the
-            // block at c * bs (bs bytes) in every row (contract).
+            // with LO in `lo`), dx[c], sx[2c], sx[2c + 1] in their
+            // slices, and the block at c * bs (bs bytes) in every row
+            // (contract).
             unsafe {
-                let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
-                let xl = if LO {
-                    _mm256_loadu_si256(lo.as_ptr().add(c * 32).cast())
-                } else {
-                    x
-                };
+                let (x, xl) = act_levels::<LO>(qx, lo, c * 32);
                 let d = *dx.get_unchecked(c);
                 let s = *sx.get_unchecked(2 * c) + *sx.get_unchecked(2 * c + 1);
                 // The NR rows' first 4 bytes (d, then m or level
@@ -677,12 +696,7 @@ mod x86 {
             // SAFETY: as in the 4-bit kernel, with 34-byte blocks
             // (prefetches never fault).
             unsafe {
-                let x = _mm256_loadu_si256(qx.as_ptr().add(c * 32).cast());
-                let xl = if LO {
-                    _mm256_loadu_si256(lo.as_ptr().add(c * 32).cast())
-                } else {
-                    x
-                };
+                let (x, xl) = act_levels::<LO>(qx, lo, c * 32);
                 let d = *dx.get_unchecked(c);
                 // The NR rows' scales converted together, times the
                 // activations' (the same f32 product per row), each

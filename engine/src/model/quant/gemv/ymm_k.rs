@@ -38,7 +38,7 @@ use std::arch::x86_64::*;
 use super::super::gemv_k::x86::{q4k_block_bytes, q4k_levels, q4k_scale_bytes, q6k_levels};
 use super::super::kernels::x86::hsum;
 use super::super::NR;
-use super::x86::dot_levels;
+use super::x86::{act_levels, dot_levels};
 use super::zmm::PF_GROUPS;
 
 /// Prefetches the `bs` bytes at `p`.
@@ -91,12 +91,7 @@ unsafe fn dot32<const VNNI: bool, const LO: bool>(
 ) -> __m256 {
     // SAFETY: the contract.
     unsafe {
-        let x = _mm256_loadu_si256(qx.as_ptr().add(at).cast());
-        let xl = if LO {
-            _mm256_loadu_si256(lo.as_ptr().add(at).cast())
-        } else {
-            x
-        };
+        let (x, xl) = act_levels::<LO>(qx, lo, at);
         _mm256_cvtepi32_ps(dot_levels::<false, LO, VNNI>(w, x, xl))
     }
 }
@@ -270,16 +265,8 @@ unsafe fn q6k_half<const VNNI: bool, const LO: bool, const N: usize>(
 ) {
     const BS: usize = 210;
     // SAFETY: the contract (the 4 sub-blocks' levels lie in `qx`, `lo`).
-    let acts: [(__m256i, __m256i); 4] = std::array::from_fn(|i| unsafe {
-        let at = 256 * b + 32 * (4 * N + i);
-        let x = _mm256_loadu_si256(qx.as_ptr().add(at).cast());
-        let xl = if LO {
-            _mm256_loadu_si256(lo.as_ptr().add(at).cast())
-        } else {
-            x
-        };
-        (x, xl)
-    });
+    let acts: [(__m256i, __m256i); 4] =
+        std::array::from_fn(|i| unsafe { act_levels::<LO>(qx, lo, 256 * b + 32 * (4 * N + i)) });
     let mut row = |t: usize| {
         // SAFETY: the contract.
         unsafe {
