@@ -16,7 +16,9 @@
 //! task writes a disjoint part of the output. A group holds up to
 //! [`attn_rows::MAX_HEADS`] heads, fewer when a batch would otherwise give
 //! the pool too few tasks (batch 1 on a model with one KV head). Its heads
-//! read each key and value once (`attn_rows`).
+//! read each key and value once (`attn_rows`). Where there are many tasks
+//! (a decode batch), each claim on the pool takes a run of consecutive
+//! ones, so a sequence's KV heads, which share pages, go to one thread.
 //! Cost per query: O(p x head_dim) flops per head and O(p) scratch per
 //! head (thread-local, reused). Softmax is the max-subtracted form with f32
 //! accumulation.
@@ -30,6 +32,11 @@ use std::cell::RefCell;
 
 /// Query tokens per attention task (balances long prefills over cores).
 const QUERY_CHUNK: usize = 16;
+
+/// Claims per thread the attention tasks are grouped into (see
+/// `run_tasks`); fewer tasks than `threads * RUNS_PER_THREAD` run one per
+/// claim.
+const RUNS_PER_THREAD: usize = 8;
 
 /// One unit of attention work.
 #[derive(Debug, Clone, Copy)]
@@ -185,23 +192,29 @@ fn run_tasks<E: KvElem>(
     out_ptr: OutPtr,
 ) {
     let out_stride = num_heads * geom.head_dim;
-    par::for_each(tasks.len(), |t| {
-        let task = &tasks[t];
+    // Runs of consecutive tasks per claim where there are many: a
+    // sequence's KV heads share the pool's pages (a slot holds them side
+    // by side), so one thread walking them in turn finds the lines the
+    // hardware fetched for the previous head.
+    let run = (tasks.len() / (par::threads() * RUNS_PER_THREAD)).max(1);
+    par::for_each(tasks.len().div_ceil(run), |r| {
         SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
-            attend_task(
-                params,
-                q,
-                q_stride,
-                layer,
-                geom,
-                &seqs[task.seq],
-                task,
-                num_heads,
-                out_ptr,
-                out_stride,
-                &mut scratch,
-            );
+            for task in &tasks[r * run..((r + 1) * run).min(tasks.len())] {
+                attend_task(
+                    params,
+                    q,
+                    q_stride,
+                    layer,
+                    geom,
+                    &seqs[task.seq],
+                    task,
+                    num_heads,
+                    out_ptr,
+                    out_stride,
+                    &mut scratch,
+                );
+            }
         });
     });
 }
