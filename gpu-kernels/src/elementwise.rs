@@ -82,19 +82,43 @@ unsafe fn gated<T: Storage>(out: *mut T, input: *const T, d: u32, act: impl Fn(f
     }
 }
 
-/// Embedding gather: `out[t] = table[ids[t]]`; `table`: `[vocab, hidden]`.
+/// Embedding gather over a slice of the vocabulary: `out[t] = table[ids[t] - first]`
+/// where `first <= ids[t] < first + rows`, else a row of zeros; `table`: `[rows, hidden]`,
+/// the vocabulary rows `first..first + rows`. The whole table is `first = 0, rows = vocab`;
+/// a tensor-parallel rank holds a slice, and the zero rows of the other ranks' ids make
+/// the sum over ranks the full lookup. Also gathers rows of any `[rows, hidden]`
+/// matrix by index (the logits rows of the residual stream, a bias row broadcast).
+///
+/// Thread mapping: one block per token (grid x, [`crate::launch::per_row`]), thread `i`
+/// copies elements `i, i + threads, ...` of the row. No shared memory. Cost per token:
+/// `2 hidden * sizeof(T)` bytes.
 ///
 /// # Safety
-/// Every id `< vocab` (the host validates ids); `out`: `[tokens, hidden]`.
-pub unsafe fn embedding<T: Storage>(out: *mut T, ids: *const u32, table: *const T, hidden: u32) {
+/// `out`: `[tokens, hidden]`; `table` holds `rows` rows of `hidden`; grid x = tokens.
+pub unsafe fn embedding<T: Storage>(
+    out: *mut T,
+    ids: *const u32,
+    table: *const T,
+    hidden: u32,
+    first: u32,
+    rows: u32,
+) {
     let (t, n) = (block_idx_x() as usize, hidden as usize);
-    // SAFETY: per the function contract.
+    // SAFETY: per the function contract; `row < rows` is checked before the read.
     unsafe {
-        let src = table.add(*ids.add(t) as usize * n);
+        let row = (*ids.add(t)).wrapping_sub(first);
         let mut i = thread_idx_x() as usize;
-        while i < n {
-            *out.add(t * n + i) = *src.add(i);
-            i += block_dim_x() as usize;
+        if row < rows {
+            let src = table.add(row as usize * n);
+            while i < n {
+                *out.add(t * n + i) = *src.add(i);
+                i += block_dim_x() as usize;
+            }
+        } else {
+            while i < n {
+                *out.add(t * n + i) = T::from_f32(0.0);
+                i += block_dim_x() as usize;
+            }
         }
     }
 }

@@ -234,7 +234,8 @@ define_kernels! {
     { gelu_tanh_and_mul_f32: f32, 0; gelu_tanh_and_mul_f16: f16, 0; gelu_tanh_and_mul_bf16: bf16, 0; }
     family (x: *mut T, s: f32, width: u32) => crate::elementwise::scale_rows::<T>;
     { scale_rows_f32: f32, 0; scale_rows_f16: f16, 0; scale_rows_bf16: bf16, 0; }
-    family (out: *mut T, ids: *const u32, table: *const T, hidden: u32) => crate::elementwise::embedding::<T>;
+    family (out: *mut T, ids: *const u32, table: *const T, hidden: u32, first: u32, rows: u32)
+        => crate::elementwise::embedding::<T>;
     { embedding_f32: f32, 0; embedding_f16: f16, 0; embedding_bf16: bf16, 0; }
     family (t: *mut f32, x: *const T, a: *const T, idx: *const i32, ranks: *const u32, in_dim: u32,
             max_rank: u32)

@@ -196,28 +196,42 @@ fn silu_and_mul_all_dtypes() {
 
 fn embedding_case<T: Storage>(name: &str) {
     let mut r = TestRng::new(name);
-    let (vocab, hidden, tokens) = (r.range(5, 40), [576usize, 70][r.range(0, 1)], r.range(1, 6));
+    let (vocab, hidden, tokens) = (r.range(5, 40), [576usize, 70][r.range(0, 1)], r.range(2, 6));
     let table: Vec<T> = r.vec(vocab * hidden, -1.0, 1.0);
     let mut ids: Vec<u32> = (0..tokens).map(|_| r.range(0, vocab - 1) as u32).collect();
     ids[0] = (vocab - 1) as u32;
-    let want: Vec<T> = ids
-        .iter()
-        .flat_map(|&i| table[i as usize * hidden..][..hidden].to_vec())
-        .collect();
-    let mut out = poisoned::<T>(tokens * hidden);
-    let (o, ip, tp) = (out.as_mut_ptr(), ids.as_ptr(), table.as_ptr());
-    // SAFETY: ids < vocab; buffers sized per the kernel contract.
-    unsafe {
-        launch(geom::per_row(tokens as u32, THREADS), || {
-            embedding::<T>(o, ip, tp, hidden as u32)
-        })
-    };
-    assert_bits_eq(
-        &format!("embedding ids={ids:?} hidden={hidden}"),
-        r.seed,
-        &out,
-        &want,
-    );
+    // The whole table, then a slice of it (a tensor-parallel rank's rows):
+    // ids outside the slice, below or above it, give zero rows.
+    let lo = r.range(1, vocab - 2);
+    ids[1] = (lo - 1) as u32;
+    for (first, rows) in [(0, vocab), (lo, vocab - 1 - lo)] {
+        let want: Vec<T> = ids
+            .iter()
+            .flat_map(|&i| match (i as usize).checked_sub(first) {
+                Some(k) if k < rows => table[i as usize * hidden..][..hidden].to_vec(),
+                _ => vec![T::from_f32(0.0); hidden],
+            })
+            .collect();
+        let mut out = poisoned::<T>(tokens * hidden);
+        let (o, ip, tp) = (
+            out.as_mut_ptr(),
+            ids.as_ptr(),
+            table[first * hidden..].as_ptr(),
+        );
+        // SAFETY: the table slice holds `rows` rows; buffers sized per the
+        // kernel contract.
+        unsafe {
+            launch(geom::per_row(tokens as u32, THREADS), || {
+                embedding::<T>(o, ip, tp, hidden as u32, first as u32, rows as u32)
+            })
+        };
+        assert_bits_eq(
+            &format!("embedding ids={ids:?} hidden={hidden} rows {first}+{rows}"),
+            r.seed,
+            &out,
+            &want,
+        );
+    }
 }
 
 #[test]

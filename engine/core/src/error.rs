@@ -100,6 +100,10 @@ pub enum GpuError {
     /// graph, a call while capturing, an out-of-bounds access.
     #[error("device error: {0}")]
     Device(String),
+    /// A tensor-parallel collective failed (a rank is gone, the library
+    /// refused): the step cannot finish on any rank.
+    #[error("tensor parallelism: {0}")]
+    Collective(String),
 }
 
 impl GpuError {

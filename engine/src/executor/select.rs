@@ -186,13 +186,16 @@ pub fn cuda_unavailable_reason() -> Option<String> {
     }
 }
 
-#[cfg(feature = "cuda")]
-fn cuda(
-    config: ModelConfig,
-    source: &mut dyn WeightSource,
+/// The GPU executor's options from `req` for `config`'s model (a
+/// tensor-parallel rank's local configuration under tensor parallelism):
+/// KV pools from an exact block count or vLLM's utilization profile. The
+/// GPU keeps its KV cache in `--dtype`: any other `--kv-cache-dtype` is
+/// refused.
+pub(super) fn gpu_options(
+    config: &ModelConfig,
     req: &ExecutorRequest,
-) -> Result<BuiltExecutor, BuildError> {
-    use super::gpu::{cuda::CudaDevice, GpuExecutor, GpuOptions, KvSizing};
+) -> Result<super::gpu::GpuOptions, ExecError> {
+    use super::gpu::{blocks::KvPools, GpuOptions, KvSizing};
     let kv_matches = match req.kv_cache_dtype {
         None => true,
         Some(KvDtype::F32) => req.dtype == DType::F32,
@@ -204,26 +207,39 @@ fn cuda(
              --dtype (leave --kv-cache-dtype at auto)",
             req.kv_cache_dtype.map_or("auto", KvDtype::name),
             req.dtype
-        ))
-        .into());
+        )));
     }
-    let dev = CudaDevice::new(0)?;
     let kv = match req.num_gpu_blocks {
-        Some(gpu) => KvSizing::Blocks {
-            gpu,
-            cpu: req.swap_bytes / gpu_bytes_per_block(&config, req),
-        },
+        Some(gpu) => {
+            let geom = crate::model::kv_geometry(config, 1, req.block_size);
+            let per_block = KvPools::bytes_per_block(&geom, req.dtype).max(1);
+            KvSizing::Blocks {
+                gpu,
+                cpu: req.swap_bytes / per_block,
+            }
+        }
         None => KvSizing::Utilization {
             fraction: req.gpu_memory_utilization,
             swap_bytes: req.swap_bytes,
             max_num_batched_tokens: req.max_num_batched_tokens,
         },
     };
-    let opts = GpuOptions {
+    Ok(GpuOptions {
         dtype: req.dtype,
         block_size: req.block_size,
         kv,
-    };
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(
+    config: ModelConfig,
+    source: &mut dyn WeightSource,
+    req: &ExecutorRequest,
+) -> Result<BuiltExecutor, BuildError> {
+    use super::gpu::{cuda::CudaDevice, GpuExecutor};
+    let opts = gpu_options(&config, req)?;
+    let dev = CudaDevice::new(0)?;
     let description = format!("cuda: {}", super::gpu::Device::describe(&dev));
     // The GPU runs f32/f16/bf16 matrices: quantized tensors are converted
     // a row range at a time on their way to the device.
@@ -233,12 +249,6 @@ fn cuda(
         executor: Box::new(exec),
         description,
     })
-}
-
-#[cfg(feature = "cuda")]
-fn gpu_bytes_per_block(config: &ModelConfig, req: &ExecutorRequest) -> usize {
-    let geom = crate::model::kv_geometry(config, 1, req.block_size);
-    super::gpu::blocks::KvPools::bytes_per_block(&geom, req.dtype).max(1)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -18,7 +18,10 @@
 //! plus the forward pass's collectives (two all-reduces of `[tokens,
 //! hidden]` per layer, one for the embedding, one gather of the logits).
 
-use super::select::{cpu_sized, DeviceKind, ExecutorRequest, WeightInput};
+use super::gpu::{Device, GpuExecutor};
+use super::select::{
+    cpu_sized, cuda_unavailable_reason, gpu_options, DeviceKind, ExecutorRequest, WeightInput,
+};
 use super::{
     BlockOps, BuildError, BuiltExecutor, Capabilities, ExecError, Executor, ForwardBatch, Sampling,
     StepOutput,
@@ -27,7 +30,8 @@ use crate::dist::wire::{encode_step, Command};
 use crate::dist::Collective;
 use crate::model::tp::{ShardSource, TpPlan, TpRank};
 use crate::model::{CpuModel, CpuSink, Dims};
-use model_loader::ModelConfig;
+use engine_core::GpuError;
+use model_loader::{ModelConfig, WeightTypes};
 use std::sync::Arc;
 
 /// Rank 0's executor: broadcasts each step, then runs its own shard.
@@ -90,7 +94,9 @@ pub fn run_worker(exec: &mut dyn Executor, comm: &dyn Collective) -> Result<(), 
             Command::Shutdown => return Ok(()),
             Command::Step { ops, batch } => match exec.execute(&ops, &batch, &Sampling::Host) {
                 Ok(_) => {}
-                Err(e @ ExecError::Collective(_)) => return Err(e),
+                Err(e @ (ExecError::Collective(_) | ExecError::Gpu(GpuError::Collective(_)))) => {
+                    return Err(e)
+                }
                 Err(e) => tracing::warn!(error = %e, "step refused on this rank"),
             },
         }
@@ -133,25 +139,42 @@ fn differing(a: &str, b: &str) -> (String, String) {
 }
 
 /// This rank's executor for `config`'s model split over `comm.world()`
-/// ranks: rank 0 gets a [`TpDriver`], the others the plain CPU executor
-/// that [`run_worker`] drives.
+/// ranks: rank 0 gets a [`TpDriver`], the others the plain executor that
+/// [`run_worker`] drives. On the CPU, or on CUDA (`--device cuda`, or
+/// `auto` where every rank has a GPU): one GPU per rank, all-reducing over
+/// NCCL where it loads, else through the host collective.
 pub fn build_tp_executor(
     config: ModelConfig,
-    mut input: WeightInput<'_>,
+    input: WeightInput<'_>,
     req: &ExecutorRequest,
     comm: Arc<dyn Collective>,
 ) -> Result<BuiltExecutor, BuildError> {
-    if req.device == DeviceKind::Cuda {
-        return Err(ExecError::InvalidConfig(
-            "tensor parallelism runs on the CPU executor in this build (NCCL between GPUs \
-             is not built yet): use --device cpu"
-                .into(),
-        )
-        .into());
-    }
     let plan = Arc::new(TpPlan::new(&Dims::of(&config)?, comm.world())?);
+    let cuda = match req.device {
+        DeviceKind::Cpu => false,
+        DeviceKind::Cuda => true,
+        DeviceKind::Auto => {
+            let here = cuda_unavailable_reason().is_none();
+            let mut count = [f32::from(u8::from(here))];
+            comm.all_reduce_sum(&mut count)?;
+            let with = count[0] as usize;
+            if with != 0 && with != comm.world() {
+                return Err(ExecError::InvalidConfig(format!(
+                    "--device auto: {with} of {} ranks have a usable GPU; pass --device cpu \
+                     or --device cuda so that all ranks run alike",
+                    comm.world()
+                ))
+                .into());
+            }
+            here
+        }
+    };
+    if cuda {
+        return cuda_rank(config, input, req, comm, plan);
+    }
     let rank = comm.rank();
     let local = plan.local_config(&config, rank);
+    let mut input = input;
     let types = input.cpu_types();
     let mut whole = input.source(types);
     let mut shard = ShardSource::new(&mut *whole, plan.ranks[rank].clone(), plan.head_dim);
@@ -162,16 +185,102 @@ pub fn build_tp_executor(
         comm: Arc::clone(&comm),
         plan,
     });
-    let executor: Box<dyn Executor> = if rank == 0 {
-        Box::new(TpDriver {
-            inner: Box::new(exec),
-            comm,
-        })
-    } else {
-        Box::new(exec)
-    };
     Ok(BuiltExecutor {
-        executor,
+        executor: for_rank(Box::new(exec), comm),
         description,
     })
+}
+
+/// Rank 0's executor behind a [`TpDriver`]; the others' as they are.
+fn for_rank(exec: Box<dyn Executor>, comm: Arc<dyn Collective>) -> Box<dyn Executor> {
+    if comm.rank() == 0 {
+        Box::new(TpDriver { inner: exec, comm })
+    } else {
+        exec
+    }
+}
+
+/// This rank's GPU executor on `dev`: the shard's weights (a GGUF's
+/// quantized tensors converted on their way, as for one GPU), pools agreed
+/// across ranks (see [`GpuExecutor::load_sharded`]). `library` names what
+/// the all-reduce runs on, for the startup log.
+pub fn gpu_rank<D: Device + 'static>(
+    dev: D,
+    config: ModelConfig,
+    mut input: WeightInput<'_>,
+    req: &ExecutorRequest,
+    (comm, plan): (Arc<dyn Collective>, Arc<TpPlan>),
+    library: &str,
+) -> Result<BuiltExecutor, BuildError> {
+    let rank = comm.rank();
+    let local = plan.local_config(&config, rank);
+    let opts = gpu_options(&local, req)?;
+    let description = format!("{}, {}", dev.describe(), plan.describe(rank, library));
+    let mut whole = input.source(WeightTypes::File);
+    let mut shard = ShardSource::new(&mut *whole, plan.ranks[rank].clone(), plan.head_dim);
+    let tp = TpRank {
+        comm: Arc::clone(&comm),
+        plan,
+    };
+    let exec = GpuExecutor::load_sharded(dev, local, &mut shard, opts, tp)?;
+    Ok(BuiltExecutor {
+        executor: for_rank(Box::new(exec), comm),
+        description,
+    })
+}
+
+/// The GPU of this rank: the node-local rank's (MPICH's `MPI_LOCALRANKID`,
+/// Open MPI's `OMPI_COMM_WORLD_LOCAL_RANK`, else the rank) modulo the
+/// node's GPU count; NCCL joined where every rank has it.
+#[cfg(feature = "cuda")]
+fn cuda_rank(
+    config: ModelConfig,
+    input: WeightInput<'_>,
+    req: &ExecutorRequest,
+    comm: Arc<dyn Collective>,
+    plan: Arc<TpPlan>,
+) -> Result<BuiltExecutor, BuildError> {
+    use super::gpu::cuda::{probe, CudaDevice};
+    use super::gpu::GpuError;
+    probe(0)?;
+    let count = cudarc::driver::CudaContext::device_count()
+        .map_err(GpuError::driver("cuDeviceGetCount"))?
+        .max(1) as usize;
+    let local = ["MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+        .unwrap_or(comm.rank());
+    let ordinal = local % count;
+    let mut dev = CudaDevice::new(ordinal)?;
+    let library = match dev.join_nccl(&*comm) {
+        Ok(()) => format!(
+            "NCCL (all-reduce; bootstrap, gather and broadcast on {})",
+            comm.library()
+        ),
+        Err(e) => {
+            tracing::warn!(error = %engine_core::Report(&e), "NCCL unavailable: all-reduce through the host");
+            format!(
+                "{} (all-reduce staged through the host: NCCL unavailable)",
+                comm.library()
+            )
+        }
+    };
+    let description = format!("cuda {ordinal}: ");
+    let mut built = gpu_rank(dev, config, input, req, (comm, plan), &library)?;
+    built.description.insert_str(0, &description);
+    Ok(built)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_rank(
+    _: ModelConfig,
+    _: WeightInput<'_>,
+    _: &ExecutorRequest,
+    _: Arc<dyn Collective>,
+    _: Arc<TpPlan>,
+) -> Result<BuiltExecutor, BuildError> {
+    Err(ExecError::from(super::gpu::GpuError::unavailable(
+        "--device cuda: this build has no CUDA support; rebuild with `cargo build --release --features cuda`",
+    ))
+    .into())
 }

@@ -4,14 +4,16 @@
 
 use crate::dist::threads;
 use crate::dist::Collective;
-use crate::executor::tp::{build_tp_executor, check_agreement, run_worker};
+use crate::executor::gpu::{DType, EmuDevice};
+use crate::executor::tp::{build_tp_executor, check_agreement, gpu_rank, run_worker};
 use crate::executor::{
     generate_greedy, BlockOps, DeviceKind, ExecError, Executor, ExecutorRequest, ForwardBatch,
     Sampling, SeqSpan, WeightInput,
 };
 use crate::kv::{BlockCopy, BlockId};
 use crate::model::test_util::{random_weights, tiny_config};
-use crate::model::InMemory;
+use crate::model::tp::TpPlan;
+use crate::model::{Dims, InMemory};
 use model_loader::{ModelConfig, WeightReader, WeightTypes};
 use std::sync::Arc;
 
@@ -24,7 +26,7 @@ fn request() -> ExecutorRequest {
         swap_bytes: 0,
         gpu_memory_utilization: 0.9,
         max_num_batched_tokens: 64,
-        dtype: crate::executor::gpu::DType::F32,
+        dtype: DType::F32,
         kv_cache_dtype: None,
         max_num_seqs: 8,
         enforce_eager: false,
@@ -229,4 +231,127 @@ fn smollm2_greedy_tokens_match_one_rank() {
             assert_eq!(with_ranks(world, build, run), want, "{types:?} tp {world}");
         }
     }
+}
+
+/// Rank `comm.rank()` of the tiny model on the emulated GPU, as
+/// `build_tp_executor` builds a CUDA rank (the all-reduce staged through
+/// the host collective: the emulator has no NCCL).
+fn tiny_gpu(comm: Arc<dyn Collective>, c: &ModelConfig, dtype: DType) -> Box<dyn Executor> {
+    let plan = Arc::new(TpPlan::new(&Dims::of(c).expect("dims"), comm.world()).expect("plan"));
+    let input = WeightInput::Memory(InMemory::from(random_weights(c, 7)));
+    let mut req = request();
+    req.device = DeviceKind::Cuda;
+    req.dtype = dtype;
+    let built = gpu_rank(
+        EmuDevice::new(),
+        c.clone(),
+        input,
+        &req,
+        (comm, plan),
+        "threads",
+    )
+    .expect("gpu shard");
+    assert!(
+        built.description.contains("tensor parallel size"),
+        "{}",
+        built.description
+    );
+    built.executor
+}
+
+/// The GPU executor's shards (vocabulary-split embedding and head,
+/// row-parallel o/down projections with their all-reduces, KV heads
+/// replicated over 3 ranks) give the whole model's logits: the CPU
+/// executor's on one rank, to f32 rounding (bf16: its tolerance).
+#[test]
+fn sharded_gpu_logits_equal_the_whole_model() {
+    for bias in [false, true] {
+        let c = tiny_config(bias, None);
+        let want = with_ranks(1, |comm| tiny(comm, &c), steps);
+        // bf16 keeps 8 significant bits: after 2 layers the logits may
+        // drift by a few of those steps relative to their scale (the GPU
+        // tests' bound), whatever the number of ranks.
+        for (dtype, tol) in [(DType::F32, 1e-4), (DType::Bf16, 0.05)] {
+            for world in [1, 2, 3] {
+                let got = with_ranks(world, |comm| tiny_gpu(comm, &c, dtype), steps);
+                assert_eq!(got.len(), want.len());
+                for (g, w) in got.iter().zip(&want) {
+                    let scale = w.iter().fold(1f32, |a, v| a.max(v.abs()));
+                    for (g, w) in g.iter().zip(w) {
+                        assert!(
+                            (g - w).abs() < tol * scale,
+                            "gpu tp {world} {dtype:?} bias {bias}: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Ranks holding different numbers of KV heads need different bytes per
+/// block; they agree on the fewest blocks, so block ids mean the same on
+/// every rank. And the GPU ranks answer with logits only.
+#[test]
+fn gpu_ranks_agree_on_pool_sizes_and_refuse_device_sampling() {
+    let mut c = tiny_config(false, None);
+    c.num_attention_heads = 6;
+    c.num_key_value_heads = 3;
+    let plan = Arc::new(TpPlan::new(&Dims::of(&c).expect("dims"), 2).expect("plan"));
+    assert_ne!(plan.ranks[0].kv_heads.len(), plan.ranks[1].kv_heads.len());
+    let ranks = threads::group(2);
+    let counts: Vec<(usize, usize)> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|r| {
+                let (c, plan) = (&c, Arc::clone(&plan));
+                s.spawn(move || {
+                    let comm: Arc<dyn Collective> = Arc::new(r);
+                    let input = WeightInput::Memory(InMemory::from(random_weights(c, 7)));
+                    let mut req = request();
+                    req.device = DeviceKind::Cuda;
+                    req.swap_bytes = 1 << 20;
+                    let mut exec = gpu_rank(
+                        EmuDevice::new(),
+                        c.clone(),
+                        input,
+                        &req,
+                        (Arc::clone(&comm), plan),
+                        "threads",
+                    )
+                    .expect("gpu shard")
+                    .executor;
+                    let blocks = exec.num_blocks();
+                    if comm.rank() == 0 {
+                        assert!(!exec.capabilities().greedy && !exec.capabilities().sampled);
+                        let e = exec
+                            .execute(
+                                &BlockOps::default(),
+                                &ForwardBatch::default(),
+                                &Sampling::Greedy,
+                            )
+                            .expect_err("greedy on the device");
+                        assert!(e.to_string().contains("host draws"), "{e}");
+                    } else {
+                        run_worker(&mut *exec, &*comm).expect("worker");
+                    }
+                    blocks
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank"))
+            .collect()
+    });
+    assert_eq!(counts[0], counts[1], "pool sizes differ between ranks");
+    // The swap pool is 1 MiB over the larger shard's bytes per block.
+    let big = plan
+        .ranks
+        .iter()
+        .map(|r| r.kv_heads.len())
+        .max()
+        .expect("ranks");
+    let per_block = 2 * c.num_hidden_layers * 4 * big * c.head_dim * 4;
+    assert_eq!(counts[0], (64, (1 << 20) / per_block));
 }

@@ -529,40 +529,9 @@ impl Backend for CpuStep<'_> {
             self.logits = Some(Logits { rows, vocab, data });
             return Ok(());
         };
-        let widths: Vec<usize> = tp.plan.ranks.iter().map(|r| r.vocab.len()).collect();
-        let mine = widths[tp.comm.rank()];
-        let mut part = vec![0.0f32; rows * mine];
+        let mut part = vec![0.0f32; rows * tp.shard().vocab.len()];
         head.forward(&normed, rows, &mut part, false);
-        let counts: Vec<usize> = widths.iter().map(|w| w * rows).collect();
-        let all = tp.comm.gather(&part, &counts)?;
-        self.logits = Some(if tp.comm.rank() == 0 {
-            Logits {
-                rows,
-                vocab,
-                data: interleave(&all, rows, &widths),
-            }
-        } else {
-            Logits {
-                rows: 0,
-                vocab,
-                data: Vec::new(),
-            }
-        });
+        self.logits = Some(tp.gather_logits(rows, &part, vocab)?);
         Ok(())
     }
-}
-
-/// Rank-ordered `[rows, widths[r]]` blocks into one `[rows, sum]` matrix.
-fn interleave(blocks: &[f32], rows: usize, widths: &[usize]) -> Vec<f32> {
-    let total: usize = widths.iter().sum();
-    let mut out = vec![0.0f32; rows * total];
-    let (mut src, mut col) = (0, 0);
-    for &w in widths {
-        for r in 0..rows {
-            out[r * total + col..r * total + col + w].copy_from_slice(&blocks[src..src + w]);
-            src += w;
-        }
-        col += w;
-    }
-    out
 }

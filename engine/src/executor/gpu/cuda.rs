@@ -113,6 +113,8 @@ pub struct CudaDevice {
     /// Captured graphs (indexed by [`GraphId`]) and whether one is recording.
     graphs: Vec<Option<CudaGraph>>,
     capturing: bool,
+    /// The tensor-parallel communicator, once [`CudaDevice::join_nccl`] ran.
+    nccl: Option<super::nccl::Nccl>,
 }
 
 // SAFETY: the raw host pointers are page-locked allocations owned by this
@@ -207,7 +209,18 @@ impl CudaDevice {
             blas_workspace,
             graphs: Vec::new(),
             capturing: false,
+            nccl: None,
         })
+    }
+
+    /// Joins the NCCL communicator of the tensor-parallel ranks `comm`
+    /// connects (every rank at the same point; see [`super::nccl`]); from
+    /// then on [`Device::all_reduce_sum`] runs on NCCL. An error leaves the
+    /// device without it (the executor then sums through the host).
+    pub fn join_nccl(&mut self, comm: &dyn crate::dist::Collective) -> Result<(), GpuError> {
+        self.bind()?;
+        self.nccl = Some(super::nccl::Nccl::join(comm)?);
+        Ok(())
     }
 
     /// Makes the context current on the calling thread, once per thread (see
@@ -677,6 +690,33 @@ impl Device for CudaDevice {
             Some(_) => Ok(()),
             None => Err(GpuError::Device("unknown graph".into())),
         }
+    }
+
+    fn all_reduce_sum(
+        &mut self,
+        buf: DevPtr,
+        count: usize,
+        dtype: DType,
+    ) -> Result<bool, GpuError> {
+        let Some(nccl) = &self.nccl else {
+            return Ok(false);
+        };
+        self.bind()?;
+        let end = buf.0 + (count * dtype.size()) as u64;
+        let inside = self
+            .mem
+            .iter()
+            .flatten()
+            .any(|&(p, n)| buf.0 >= p && end <= p + n as u64);
+        if !inside {
+            return Err(GpuError::Device(
+                "all-reduce outside the device's allocations".into(),
+            ));
+        }
+        // SAFETY: `buf` lies in a live allocation of this device (checked
+        // above); the compute stream is live for the device's life.
+        unsafe { nccl.all_reduce_sum(buf, count, dtype, self.compute.cu_stream()) }?;
+        Ok(true)
     }
 }
 

@@ -272,4 +272,19 @@ pub trait Device: Send {
 
     /// Releases a captured graph.
     fn drop_graph(&mut self, graph: GraphId) -> Result<(), GpuError>;
+
+    /// Tensor parallelism: sums `count` values of `dtype` at `buf` over the
+    /// ranks, in place, on the compute stream, where the device has a
+    /// collective library of its own attached (NCCL on CUDA) and returns
+    /// `true`; `false` (the default) where it has none, and the caller sums
+    /// through the host instead.
+    fn all_reduce_sum(
+        &mut self,
+        buf: DevPtr,
+        count: usize,
+        dtype: DType,
+    ) -> Result<bool, GpuError> {
+        let _ = (buf, count, dtype);
+        Ok(false)
+    }
 }

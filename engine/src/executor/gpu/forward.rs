@@ -47,6 +47,7 @@ use crate::executor::{ForwardBatch, GreedyRow, Logits, SeqSpan};
 use crate::kv::BlockId;
 use crate::model::backend::{Act, ActWidths, Backend, Gate, LayerAttn};
 use crate::model::lora::LoraCols;
+use crate::model::tp::TpRank;
 use crate::model::{Dims, Model};
 use gpu_kernels::{launch as geom, KernelArg, LaunchConfig};
 
@@ -253,6 +254,16 @@ pub struct Parts<'a> {
     pub dtype: DType,
     pub kv: &'a KvPools,
     pub lora: Option<&'a LoraRun<'a>>,
+    /// This rank's shard and collectives under tensor parallelism.
+    pub tp: Option<&'a TpRank>,
+}
+
+impl Parts<'_> {
+    /// Rows of the LM head here: the vocabulary, or under tensor
+    /// parallelism this rank's slice of it (the logits' width).
+    pub fn vocab_rows(&self) -> usize {
+        self.tp.map_or(self.dims.vocab, |tp| tp.shard().vocab.len())
+    }
 }
 
 /// A `u32` kernel argument.
@@ -265,27 +276,34 @@ fn per_row(dev: &dyn Device, rows: usize) -> LaunchConfig {
     geom::per_row(rows as u32, dev.threads(ThreadsFor::Rows))
 }
 
-/// `out[r] = table[ids[r]]` for `rows` rows of `width`.
+/// `out[r] = table[ids[r] - first]` for `rows` rows of `width`, where
+/// `first <= ids[r] < first + table_rows`, else zeros (`table` holds the
+/// rows `first..first + table_rows` of a larger matrix: a tensor-parallel
+/// rank's vocabulary slice; `first` is 0 otherwise).
 ///
 /// # Safety
-/// As [`Device::launch`]; every id is below the table's row count, `out`
-/// holds `rows` rows.
+/// As [`Device::launch`]; `table` holds `table_rows` rows of `width`,
+/// `out` holds `rows` rows.
 unsafe fn gather(
     dev: &mut dyn Device,
     k: &Kernels,
     (out, ids, table): (DevPtr, DevPtr, DevPtr),
     rows: usize,
     width: usize,
+    (first, table_rows): (usize, usize),
 ) -> Result<(), GpuError> {
     let cfg = per_row(dev, rows);
-    // SAFETY: forwarded to the caller.
-    unsafe {
-        dev.launch(
-            k.embedding,
-            cfg,
-            &[out.arg(), ids.arg(), table.arg(), u(width)],
-        )
-    }
+    let args = [
+        out.arg(),
+        ids.arg(),
+        table.arg(),
+        u(width),
+        u(first),
+        u(table_rows),
+    ];
+    // SAFETY: forwarded to the caller; the kernel reads only rows below
+    // `table_rows`.
+    unsafe { dev.launch(k.embedding, cfg, &args) }
 }
 
 /// `out = rms_norm(input) * weight` over `rows` rows of `width`.
@@ -358,7 +376,7 @@ pub fn run_to(
     );
     let m = s.batch.upload(dev, batch, geometry, None)?;
     compute(dev, p, s, batch, &m, out)?;
-    finish(dev, s, p.dims, batch.logits_rows.len(), out)
+    finish(dev, s, p.vocab_rows(), batch.logits_rows.len(), out)
 }
 
 /// Every launch and GEMM of the step whose integers are at `m` (`batch`
@@ -420,6 +438,28 @@ impl GpuStep<'_, '_> {
         self.acts[a.index()]
     }
 
+    /// Under tensor parallelism, `count` values of the step's type at `buf`
+    /// summed over the ranks, in place: by the device's own collective
+    /// (NCCL) where it has one, else through the host (download, the
+    /// ranks' [`crate::dist::Collective`], upload: a wait per call, so
+    /// such a step is never captured as a graph). Nothing without it.
+    fn all_reduce(&mut self, buf: DevPtr, count: usize) -> Result<(), GpuError> {
+        let Some(tp) = self.p.tp else {
+            return Ok(());
+        };
+        let t = self.p.dtype;
+        if self.dev.all_reduce_sum(buf, count, t)? {
+            return Ok(());
+        }
+        let mut bytes = vec![0u8; count * t.size()];
+        self.dev.download(buf, &mut bytes)?;
+        let mut values = t.decode(&bytes);
+        tp.comm
+            .all_reduce_sum(&mut values)
+            .map_err(|e| GpuError::Collective(engine_core::Report(&e).to_string()))?;
+        self.dev.upload(buf, &t.encode(&values))
+    }
+
     /// # Safety
     /// As [`Device::gemm`]: `a` holds `m` rows of `k`, `w` is `[n, k]`,
     /// `c` holds `m` rows of `n`.
@@ -462,8 +502,12 @@ impl Backend for GpuStep<'_, '_> {
 
     fn embed(&mut self, out: Act, table: &GpuMatrix, scale: Option<f32>) -> Result<(), GpuError> {
         let (n, h, o) = (self.n(), self.p.dims.hidden, self.at(out));
-        // SAFETY: the slot holds `n` rows of `hidden` (`begin`); the batch
-        // was validated (ids < vocab), so the gather stays inside the table.
+        // Under tensor parallelism the table holds this rank's vocabulary
+        // rows: other ids give zero rows, and the sum over ranks below
+        // fills every row exactly once.
+        let first = self.p.tp.map_or(0, |tp| tp.shard().vocab.start);
+        // SAFETY: the slot holds `n` rows of `hidden` (`begin`); the table
+        // holds `table.rows` rows, the kernel reads no other.
         unsafe {
             gather(
                 self.dev,
@@ -471,6 +515,7 @@ impl Backend for GpuStep<'_, '_> {
                 (o, self.m.ids, table.buf.ptr),
                 n,
                 h,
+                (first, table.rows),
             )
         }?;
         if let Some(s) = scale {
@@ -479,7 +524,7 @@ impl Backend for GpuStep<'_, '_> {
             // SAFETY: the slot holds `n` rows of `hidden`; one block per row.
             unsafe { self.dev.launch(k, cfg, &[o.arg(), KernelArg::F32(s), u(h)]) }?;
         }
-        Ok(())
+        self.all_reduce(o, n * h)
     }
 
     fn rms_norm(&mut self, out: Act, x: Act, w: &DevBuf, eps: f32) -> Result<(), GpuError> {
@@ -511,7 +556,16 @@ impl Backend for GpuStep<'_, '_> {
             let zeros = ensure(self.dev, &mut self.s.zeros, 4 * n)?;
             // SAFETY: `out` holds `n` rows of `rows`; row id 0 is inside the
             // one-row bias.
-            unsafe { gather(self.dev, self.p.kernels, (o, zeros, b.ptr), n, w.rows) }?;
+            unsafe {
+                gather(
+                    self.dev,
+                    self.p.kernels,
+                    (o, zeros, b.ptr),
+                    n,
+                    w.rows,
+                    (0, 1),
+                )
+            }?;
         }
         // SAFETY: the slots hold `n` rows of their widths, which the model
         // sized from the same dimensions as `w` (`[rows, cols]`).
@@ -522,6 +576,22 @@ impl Backend for GpuStep<'_, '_> {
                 accumulate || w.bias.is_some(),
             )
         }
+    }
+
+    fn linear_row_parallel(
+        &mut self,
+        out: Act,
+        x: Act,
+        w: &GpuMatrix,
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
+        let Some(tp) = self.p.tp else {
+            return self.linear(out, x, w, accumulate);
+        };
+        // Rank 0 adds into `out`, the others overwrite it with their
+        // partial product: the sum is `out + sum of partials`.
+        self.linear(out, x, w, accumulate && tp.comm.rank() == 0)?;
+        self.all_reduce(self.at(out), self.n() * w.rows)
     }
 
     fn lora(&mut self, out: Act, x: Act, layer: usize, cols: &[LoraCols]) -> Result<(), GpuError> {
@@ -658,7 +728,8 @@ impl Backend for GpuStep<'_, '_> {
         if r == 0 {
             return Ok(());
         }
-        let (h, vocab, sz) = (self.p.dims.hidden, self.p.dims.vocab, self.p.dtype.size());
+        // `head.rows`: the whole vocabulary, or this rank's slice of it.
+        let (h, vocab, sz) = (self.p.dims.hidden, head.rows, self.p.dtype.size());
         let rows = ensure(self.dev, &mut self.s.rows, r * h * sz)?;
         let normed = ensure(self.dev, &mut self.s.normed, r * h * sz)?;
         let logits = ensure(self.dev, &mut self.s.logits, r * vocab * 4)?;
@@ -673,13 +744,13 @@ impl Backend for GpuStep<'_, '_> {
             c_type: DType::F32,
             accumulate: false,
         };
-        let (k, x) = (self.p.kernels, self.at(x));
+        let (k, x, n) = (self.p.kernels, self.at(x), self.n());
         // SAFETY: `rows`/`normed` hold `r` rows of `hidden`, `logits` `r` rows
         // of `vocab` f32; the validated logits rows are `< n`, inside `x`;
         // the head is `[vocab, hidden]`. Gathering rows of the residual
         // stream is an embedding lookup with `x` as the table.
         unsafe {
-            gather(self.dev, k, (rows, self.m.rows, x), r, h)?;
+            gather(self.dev, k, (rows, self.m.rows, x), r, h, (0, n))?;
             rms_norm_rows(self.dev, k, (normed, rows, final_norm.ptr), (r, h, eps))?;
             self.dev.gemm(&g)?;
         }
@@ -696,7 +767,7 @@ impl Backend for GpuStep<'_, '_> {
 pub fn finish(
     dev: &mut dyn Device,
     s: &mut Scratch,
-    d: Dims,
+    vocab: usize,
     r: usize,
     out: Output,
 ) -> Result<StepOut, GpuError> {
@@ -705,7 +776,7 @@ pub fn finish(
         _ if r == 0 => Ok(match out {
             Output::Logits | Output::Device => StepOut::Logits(Logits {
                 rows: 0,
-                vocab: d.vocab,
+                vocab,
                 data: Vec::new(),
             }),
             Output::Greedy => StepOut::Greedy(Vec::new()),
@@ -721,7 +792,7 @@ pub fn finish(
         Output::Logits => {
             let logits = s.logits.as_ref().ok_or_else(missing)?.ptr;
             // Straight into the f32 rows (one allocation, no decode pass).
-            let mut data = vec![0f32; r * d.vocab];
+            let mut data = vec![0f32; r * vocab];
             dev.download(logits, f32_bytes(&mut data))?;
             if cfg!(target_endian = "big") {
                 data.iter_mut()
@@ -729,7 +800,7 @@ pub fn finish(
             }
             Ok(StepOut::Logits(Logits {
                 rows: r,
-                vocab: d.vocab,
+                vocab,
                 data,
             }))
         }

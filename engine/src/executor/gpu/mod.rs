@@ -8,6 +8,7 @@
 //!   computes nothing (the host-side benchmark `benches/gpu_host.rs`).
 //! - `cuda` (feature `cuda`): `CudaDevice` on cudarc with dynamic loading,
 //!   the PTX from `cargo xtask build-ptx`, cuBLAS GEMMs.
+//! - `nccl` (feature `cuda`): the tensor-parallel ranks' NCCL all-reduce.
 //! - [`cublas_path`]: finding cuBLAS 12 or 13 (wheel folders included) before
 //!   cudarc's bare-name `dlopen`.
 //! - [`weights`]: the GPU's weight formats and the sink that uploads a
@@ -42,6 +43,8 @@ pub mod weights;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 
 pub use counting::{Counters, CountersHandle, CountingDevice};
 pub use device::{DType, DevBuf, DevPtr, Device, Gemm, GraphId, HostBuf, ThreadsFor};
@@ -51,7 +54,9 @@ use super::{
     BlockOps, BuildError, Capabilities, ExecError, Executor, ForwardBatch, KvGeometry, Logits,
     Sampling, StepOutput,
 };
+use crate::dist::Collective;
 use crate::model::lora::LoraStep;
+use crate::model::tp::TpRank;
 use crate::model::{Dims, Model, WeightSource};
 use crate::sampler::device::DeviceOut;
 use crate::sampler::SampleOut;
@@ -108,6 +113,9 @@ pub struct GpuExecutor<D: Device> {
     /// The LoRA slots on the device (nothing allocated until a step has
     /// adapters).
     lora: lora::GpuLora,
+    /// This rank's shard and collectives under tensor parallelism (the
+    /// model is the shard; see [`GpuExecutor::load_sharded`]).
+    tp: Option<TpRank>,
 }
 
 impl<D: Device> GpuExecutor<D> {
@@ -115,10 +123,38 @@ impl<D: Device> GpuExecutor<D> {
     /// to `dev` in `opts.dtype` (no host copy of the model is kept or
     /// built), and sizes the KV pools.
     pub fn load(
+        dev: D,
+        config: ModelConfig,
+        source: &mut dyn WeightSource,
+        opts: GpuOptions,
+    ) -> Result<Self, BuildError> {
+        Self::load_with(dev, config, source, opts, None)
+    }
+
+    /// One tensor-parallel rank: [`GpuExecutor::load`] of this rank's
+    /// shard (`config` its local configuration, `source` a
+    /// [`crate::model::tp::ShardSource`]). Every rank must call this at the
+    /// same time: the profile run meets the other ranks in its collectives,
+    /// and the ranks agree on the smallest pool sizes, so that block ids
+    /// mean the same on every rank. Steps run eager (no CUDA graphs) and
+    /// return logits only (rank 0 gets the whole vocabulary's; the host
+    /// draws), and adapters are refused.
+    pub fn load_sharded(
+        dev: D,
+        config: ModelConfig,
+        source: &mut dyn WeightSource,
+        opts: GpuOptions,
+        tp: TpRank,
+    ) -> Result<Self, BuildError> {
+        Self::load_with(dev, config, source, opts, Some(tp))
+    }
+
+    fn load_with(
         mut dev: D,
         config: ModelConfig,
         source: &mut dyn WeightSource,
         opts: GpuOptions,
+        tp: Option<TpRank>,
     ) -> Result<Self, BuildError> {
         if !SUPPORTED_HEAD_DIMS.contains(&config.head_dim) {
             return Err(GpuError::Unsupported(format!(
@@ -149,13 +185,17 @@ impl<D: Device> GpuExecutor<D> {
                 let per_block = KvPools::bytes_per_block(&geom(1), opts.dtype);
                 let profiled = profile_free_bytes(
                     &mut dev,
-                    (&kernels, &model, opts),
+                    (&kernels, &model, opts, tp.as_ref()),
                     max_num_batched_tokens.min(max_positions),
                     geom,
                 )?;
                 let gpu = blocks_for_fraction(profiled, fraction, per_block)?;
                 (gpu, swap_bytes / per_block)
             }
+        };
+        let (gpu_blocks, cpu_blocks) = match &tp {
+            Some(tp) => agree_on_fewest(&*tp.comm, [gpu_blocks, cpu_blocks])?.into(),
+            None => (gpu_blocks, cpu_blocks),
         };
         if gpu_blocks == 0 {
             return Err(GpuError::out_of_memory("no room for a single KV block").into());
@@ -177,9 +217,11 @@ impl<D: Device> GpuExecutor<D> {
             kv,
             scratch: Scratch::default(),
             kernels,
-            graphs: Graphs::new(graphs::MAX_BUCKET, false),
+            // Tensor-parallel steps run eager: see `forward`'s `all_reduce`.
+            graphs: Graphs::new(graphs::MAX_BUCKET, tp.is_some()),
             sampling,
             lora: lora::GpuLora::default(),
+            tp,
         })
     }
 
@@ -208,6 +250,7 @@ impl<D: Device> GpuExecutor<D> {
             dtype: self.dtype,
             kv: &self.kv,
             lora: None,
+            tp: self.tp.as_ref(),
         };
         (&mut self.dev, &mut self.scratch, parts)
     }
@@ -216,7 +259,7 @@ impl<D: Device> GpuExecutor<D> {
     /// sequences (the default: up to 512), or none with `enforce_eager`
     /// (vLLM's `--enforce-eager`).
     pub fn with_cuda_graphs(mut self, max_num_seqs: usize, enforce_eager: bool) -> Self {
-        self.graphs = Graphs::new(max_num_seqs, enforce_eager);
+        self.graphs = Graphs::new(max_num_seqs, enforce_eager || self.tp.is_some());
         self
     }
 
@@ -254,7 +297,7 @@ impl<D: Device> GpuExecutor<D> {
 /// then all allocated, as vLLM's profile run does).
 fn profile_free_bytes<D: Device>(
     dev: &mut D,
-    (kernels, model, opts): (&Kernels, &Model<Gpu>, GpuOptions),
+    (kernels, model, opts, tp): (&Kernels, &Model<Gpu>, GpuOptions, Option<&TpRank>),
     tokens: usize,
     geom: impl Fn(usize) -> KvGeometry,
 ) -> Result<(usize, usize), GpuError> {
@@ -270,6 +313,7 @@ fn profile_free_bytes<D: Device>(
         dtype: opts.dtype,
         kv: &pool,
         lora: None,
+        tp,
     };
     let run = forward::run(dev, &parts, &mut scratch, &batch);
     let info = dev.mem_info();
@@ -345,7 +389,17 @@ impl<D: Device> GpuExecutor<D> {
             return Ok(self.graph_step(batch, bucket, out)?);
         }
         let (dev, scratch, parts) = self.split();
-        Ok(forward::run_to(dev, &parts, scratch, batch, out)?)
+        let step = forward::run_to(dev, &parts, scratch, batch, out)?;
+        match (&self.tp, step) {
+            (None, step) => Ok(step),
+            (Some(tp), forward::StepOut::Logits(mine)) => {
+                let all = tp.gather_logits(mine.rows, &mine.data, self.dims.vocab)?;
+                Ok(forward::StepOut::Logits(all))
+            }
+            (Some(_), _) => Err(ExecError::InvalidConfig(
+                "tensor-parallel ranks return logits; the host draws".into(),
+            )),
+        }
     }
 
     /// A validated step with adapters, always eager (never a graph: its
@@ -368,6 +422,7 @@ impl<D: Device> GpuExecutor<D> {
             dtype: self.dtype,
             kv: &self.kv,
             lora: Some(&run),
+            tp: None,
         };
         Ok(forward::run_to(
             &mut self.dev,
@@ -411,7 +466,8 @@ impl<D: Device> GpuExecutor<D> {
             // batch buffer the graph addresses is live at the same address
             // and size; weights and KV pools never move.
             unsafe { self.dev.launch_graph(g) }?;
-            return forward::finish(&mut self.dev, &mut self.scratch, self.dims, rows, out);
+            // Graphs never run under tensor parallelism: the whole vocabulary.
+            return forward::finish(&mut self.dev, &mut self.scratch, self.dims.vocab, rows, out);
         }
         if let Some(old) = self.graphs.take(bucket, out) {
             self.dev.drop_graph(old)?;
@@ -435,16 +491,19 @@ impl<D: Device> GpuExecutor<D> {
             ));
         }
         self.graphs.insert(bucket, out, graph, print);
-        forward::finish(&mut self.dev, &mut self.scratch, dims, rows, out)
+        forward::finish(&mut self.dev, &mut self.scratch, dims.vocab, rows, out)
     }
 }
 
 impl<D: Device> Executor for GpuExecutor<D> {
     fn capabilities(&self) -> Capabilities {
+        // A rank holds a slice of the vocabulary: only rank 0's gathered
+        // logits are whole, so the host draws under tensor parallelism.
+        let whole = self.tp.is_none();
         Capabilities {
-            greedy: true,
-            sampled: true,
-            count_slots: true,
+            greedy: whole,
+            sampled: whole,
+            count_slots: whole,
         }
     }
 
@@ -458,7 +517,7 @@ impl<D: Device> Executor for GpuExecutor<D> {
     }
 
     fn supports_lora(&self) -> bool {
-        true
+        self.tp.is_none()
     }
 
     fn execute_lora(
@@ -503,6 +562,35 @@ impl<D: Device> Executor for GpuExecutor<D> {
     fn block_size(&self) -> usize {
         self.kv.geometry().block_size
     }
+}
+
+/// The fewest of each count over the ranks, on every rank (pool sizes:
+/// each rank measured its own free memory, and block ids must mean the
+/// same everywhere). Rank 0 gathers, picks and broadcasts.
+fn agree_on_fewest(comm: &dyn Collective, counts: [usize; 2]) -> Result<[usize; 2], ExecError> {
+    // Block counts are far below 2^24, exact as f32.
+    let mine = counts.map(|c| c as f32);
+    let all = comm.gather(&mine, &vec![2; comm.world()])?;
+    let mut bytes = Vec::new();
+    if comm.rank() == 0 {
+        for i in 0..2 {
+            let fewest = all
+                .iter()
+                .skip(i)
+                .step_by(2)
+                .fold(f32::MAX, |a, &b| a.min(b));
+            bytes.extend_from_slice(&(fewest as u64).to_le_bytes());
+        }
+    }
+    comm.broadcast(&mut bytes)?;
+    let at = |i: usize| {
+        bytes
+            .get(8 * i..8 * i + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .ok_or_else(|| ExecError::Collective("rank 0 sent no pool sizes".into()))
+    };
+    Ok([at(0)? as usize, at(1)? as usize])
 }
 
 #[cfg(test)]

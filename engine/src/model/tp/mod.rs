@@ -12,6 +12,7 @@ pub use plan::{RankShard, TpPlan};
 pub use shard::ShardSource;
 
 use crate::dist::Collective;
+use engine_core::{ExecError, Logits};
 use std::sync::Arc;
 
 /// What one rank's forward pass needs: the collectives and the plan.
@@ -26,6 +27,48 @@ impl TpRank {
     pub fn shard(&self) -> &RankShard {
         &self.plan.ranks[self.comm.rank()]
     }
+
+    /// The LM head's output: each rank's `mine` (`rows` rows of its
+    /// vocabulary slice) gathered to rank 0 as one `[rows, vocab]` matrix;
+    /// the other ranks get no rows (their step's answer is not read).
+    pub fn gather_logits(
+        &self,
+        rows: usize,
+        mine: &[f32],
+        vocab: usize,
+    ) -> Result<Logits, ExecError> {
+        let widths: Vec<usize> = self.plan.ranks.iter().map(|r| r.vocab.len()).collect();
+        let counts: Vec<usize> = widths.iter().map(|w| w * rows).collect();
+        let all = self.comm.gather(mine, &counts)?;
+        Ok(if self.comm.rank() == 0 {
+            Logits {
+                rows,
+                vocab,
+                data: interleave(&all, rows, &widths),
+            }
+        } else {
+            Logits {
+                rows: 0,
+                vocab,
+                data: Vec::new(),
+            }
+        })
+    }
+}
+
+/// Rank-ordered `[rows, widths[r]]` blocks into one `[rows, sum]` matrix.
+fn interleave(blocks: &[f32], rows: usize, widths: &[usize]) -> Vec<f32> {
+    let total: usize = widths.iter().sum();
+    let mut out = vec![0.0f32; rows * total];
+    let (mut src, mut col) = (0, 0);
+    for &w in widths {
+        for r in 0..rows {
+            out[r * total + col..r * total + col + w].copy_from_slice(&blocks[src..src + w]);
+            src += w;
+        }
+        col += w;
+    }
+    out
 }
 
 impl std::fmt::Debug for TpRank {
