@@ -140,11 +140,13 @@ pub enum DeviceArg {
 /// `--tensor-parallel-size` start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DistBackendArg {
-    /// The server spawns one worker process per GPU, the ranks talking
-    /// NCCL (not built yet: refused with a message).
+    /// The server spawns one worker process per GPU (not built yet:
+    /// refused with a message naming the `mpi` launch).
     Mp,
     /// Every rank is started by `mpiexec -n N`; rank 0 serves HTTP, the
-    /// others only compute (CPU ranks, and ranks on several hosts).
+    /// others only compute. CPU ranks, GPU ranks (`--device cuda`: one GPU
+    /// per rank, the all-reduces on NCCL, its id sent over MPI), and ranks
+    /// on several hosts.
     Mpi,
 }
 
@@ -374,8 +376,9 @@ pub struct EngineArgs {
     #[arg(long, global = true, value_name = "N", default_value_t = 1, value_parser = range::positive)]
     pub tensor_parallel_size: usize,
     /// How the ranks of --tensor-parallel-size start: `mpi` (each started
-    /// by `mpiexec`; rank 0 serves HTTP) or `mp` (one spawned worker per
-    /// GPU over NCCL; not built yet).
+    /// by `mpiexec`; rank 0 serves HTTP; CPU or, with --device cuda, one
+    /// GPU per rank over NCCL) or `mp` (one spawned worker per GPU; not
+    /// built yet).
     #[arg(long, global = true, value_enum, default_value_t = DistBackendArg::Mp)]
     pub distributed_executor_backend: DistBackendArg,
     /// KV cache events for KV-aware routers, as vLLM's KVEventsConfig JSON:

@@ -31,9 +31,10 @@ pub fn collective(engine: &EngineArgs) -> anyhow::Result<Option<Arc<dyn Collecti
     }
     let comm = match engine.distributed_executor_backend {
         DistBackendArg::Mp => bail!(
-            "--distributed-executor-backend mp spawns one worker per GPU talking NCCL, which \
-             this build does not have yet; on the CPU start the ranks with `mpiexec -n {n} \
-             server ... --tensor-parallel-size {n} --distributed-executor-backend mpi`"
+            "--distributed-executor-backend mp (the server spawning one worker per GPU) is not \
+             built yet; start the ranks with `mpiexec -n {n} server ... --tensor-parallel-size \
+             {n} --distributed-executor-backend mpi` (CPU ranks; with --device cuda one GPU \
+             per rank, all-reducing over NCCL)"
         ),
         DistBackendArg::Mpi => mpi_world(n)?,
     };
