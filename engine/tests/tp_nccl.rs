@@ -57,7 +57,8 @@ fn nccl_world_of_one_gives_the_plain_gpu_tokens() {
         .executor;
     let comm: Arc<dyn Collective> = Arc::new(Solo);
     let mut dev = CudaDevice::new(0).expect("cuda device");
-    dev.join_nccl(&*comm).expect("NCCL (libnccl.so.2) for a world of one");
+    dev.join_nccl(&*comm)
+        .expect("NCCL (libnccl.so.2) for a world of one");
     let plan = Arc::new(TpPlan::new(&Dims::of(&config).expect("dims"), 1).expect("plan"));
     let built = gpu_rank(dev, config, input(), &request(), (comm, plan), "NCCL")
         .expect("sharded cuda executor");

@@ -309,10 +309,10 @@ pub(crate) async fn listen(http: &crate::cli::HttpArgs) -> anyhow::Result<tokio:
 
 /// `server serve`: runs until SIGINT/SIGTERM.
 pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
-    // Tensor parallelism over MPI started as a plain command: this
-    // process becomes the HTTP front and starts the ranks itself.
+    // Tensor parallelism started as a plain command (`mp`, the default,
+    // or `mpi`): this process becomes the HTTP front and starts the ranks
+    // itself, through MPI's launcher.
     if args.engine.tensor_parallel_size > 1
-        && args.engine.distributed_executor_backend == crate::cli::DistBackendArg::Mpi
         && cfg!(feature = "mpi")
         && !crate::tp_front::started_by_mpiexec()
     {

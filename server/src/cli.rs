@@ -140,13 +140,13 @@ pub enum DeviceArg {
 /// `--tensor-parallel-size` start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DistBackendArg {
-    /// The server spawns one worker process per GPU (not built yet:
-    /// refused with a message naming the `mpi` launch).
+    /// The server starts its N ranks itself on this machine: run as a
+    /// plain command it becomes an HTTP front that runs `mpiexec -n N` of
+    /// itself (a build with `--features mpi`; MPI must be installed).
     Mp,
     /// Every rank is started by `mpiexec -n N`; rank 0 serves HTTP, the
-    /// others only compute. CPU ranks, GPU ranks (`--device cuda`: one GPU
-    /// per rank, the all-reduces on NCCL, its id sent over MPI), and ranks
-    /// on several hosts.
+    /// others only compute (run as a plain command: as `mp`). The form for
+    /// ranks on several hosts.
     Mpi,
 }
 
@@ -370,15 +370,16 @@ pub struct EngineArgs {
     pub threads: Option<usize>,
     /// Tensor parallelism: every layer split over N ranks (heads by KV
     /// group, FFN columns by whole quant blocks, vocabulary rows; uneven
-    /// sizes allowed), partial sums added by all-reduce. N > 1 runs under
-    /// `mpiexec -n N ... --distributed-executor-backend mpi` in a build
-    /// with `--features mpi`. Range: >= 1.
+    /// sizes allowed), partial sums added by all-reduce. N > 1 needs a
+    /// build with `--features mpi`: the server starts its N ranks itself,
+    /// or they are started by `mpiexec -n N` (see
+    /// --distributed-executor-backend). Range: >= 1.
     #[arg(long, global = true, value_name = "N", default_value_t = 1, value_parser = range::positive)]
     pub tensor_parallel_size: usize,
-    /// How the ranks of --tensor-parallel-size start: `mpi` (each started
-    /// by `mpiexec`; rank 0 serves HTTP; CPU or, with --device cuda, one
-    /// GPU per rank over NCCL) or `mp` (one spawned worker per GPU; not
-    /// built yet).
+    /// How the ranks of --tensor-parallel-size start: `mp` (the server
+    /// starts them itself, through `mpiexec`) or `mpi` (each started by
+    /// `mpiexec` by hand; rank 0 serves HTTP). CPU ranks, or with --device
+    /// cuda one GPU per rank, all-reducing over NCCL.
     #[arg(long, global = true, value_enum, default_value_t = DistBackendArg::Mp)]
     pub distributed_executor_backend: DistBackendArg,
     /// KV cache events for KV-aware routers, as vLLM's KVEventsConfig JSON:

@@ -1,6 +1,6 @@
-//! Tensor-parallel launch: `--tensor-parallel-size N` with
-//! `--distributed-executor-backend mpi`, every rank started by
-//! `mpiexec -n N server ...` (see `engine::dist`).
+//! Tensor-parallel launch: `--tensor-parallel-size N`, every rank started
+//! by `mpiexec -n N server ...` (by hand, or by the server itself run as a
+//! plain command: `crate::tp_front`); see `engine::dist`.
 //!
 //! Rank 0 serves HTTP and drives the engine; the other ranks load their
 //! shard and run the steps rank 0 broadcasts until it stops
@@ -29,14 +29,18 @@ pub fn collective(engine: &EngineArgs) -> anyhow::Result<Option<Arc<dyn Collecti
     if engine.lora.enable_lora {
         bail!("--enable-lora with --tensor-parallel-size {n}: adapters are not sharded yet");
     }
+    // `mp` (the default) starts its ranks through MPI's launcher: the
+    // plain command becomes the HTTP front (`crate::tp_front`), which runs
+    // `mpiexec -n N` of itself; here, under that launcher, it is `mpi`.
     let comm = match engine.distributed_executor_backend {
-        DistBackendArg::Mp => bail!(
-            "--distributed-executor-backend mp (the server spawning one worker per GPU) is not \
-             built yet; start the ranks with `mpiexec -n {n} server ... --tensor-parallel-size \
-             {n} --distributed-executor-backend mpi` (CPU ranks; with --device cuda one GPU \
-             per rank, all-reducing over NCCL)"
+        DistBackendArg::Mp if !crate::tp_front::started_by_mpiexec() => bail!(
+            "--distributed-executor-backend mp starts its {n} ranks through MPI's launcher: \
+             run `server --tensor-parallel-size {n}` from a build with `--features mpi` (it \
+             then runs `mpiexec -n {n}` of itself), or start them yourself with `mpiexec -n \
+             {n} server ... --tensor-parallel-size {n}`; with --device cuda each rank takes \
+             one GPU and the ranks all-reduce over NCCL"
         ),
-        DistBackendArg::Mpi => mpi_world(n)?,
+        DistBackendArg::Mp | DistBackendArg::Mpi => mpi_world(n)?,
     };
     Ok(Some(Arc::clone(COMM.get_or_init(|| comm))))
 }

@@ -1,8 +1,11 @@
 //! The HTTP front of a tensor-parallel job started without `mpiexec`:
-//! `server --tensor-parallel-size N --distributed-executor-backend mpi`
-//! run as a plain command starts the ranks itself (`mpiexec -n N` of this
-//! same binary, rank 0 serving HTTP on a loopback port) and forwards every
-//! request to rank 0, streaming the answers back.
+//! `server --tensor-parallel-size N` (`--distributed-executor-backend mp`,
+//! the default, or `mpi`) run as a plain command starts the ranks itself
+//! (`mpiexec -n N` of this same binary, rank 0 serving HTTP on a loopback
+//! port) and forwards every request to rank 0, streaming the answers back.
+//! This is the `mp` launch: the user starts one process, as with vLLM's
+//! multiprocessing executor; unlike vLLM's it needs MPI installed (the
+//! ranks' collectives are MPI's, and NCCL's between GPUs).
 //!
 //! Why a separate process: when one rank dies, MPICH's launcher SIGKILLs
 //! every other rank within ~25 ms (each rank's process group; measured,

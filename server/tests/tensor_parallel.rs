@@ -5,8 +5,9 @@
 //! head replicated), all through HTTP on rank 0; a rank killed
 //! mid-request ends the whole job, bounded, the client getting an error;
 //! and started without `mpiexec`, the server is the HTTP front of its own
-//! job: the golden ids again through it, and a killed rank gives its
-//! clients a 500 or an SSE error event before it exits non-zero.
+//! job (`--distributed-executor-backend mp`, the default, or `mpi`): the
+//! golden ids again through it, and a killed rank gives its clients a 500
+//! or an SSE error event before it exits non-zero.
 //!
 //! Every server runs `--batch-invariant`, so a prompt's ids do not depend
 //! on which prompts share its steps and the prompts can be sent at once.
@@ -64,8 +65,12 @@ fn mpiexec_available() -> bool {
 enum Start {
     /// `mpiexec -n N server ...`: rank 0 serves HTTP.
     Mpiexec,
-    /// `server ...` alone: the HTTP front, which runs `mpiexec` itself.
+    /// `server ... --distributed-executor-backend mpi` alone: the HTTP
+    /// front, which runs `mpiexec` itself.
     Front,
+    /// `server --tensor-parallel-size N` alone (the default backend, `mp`):
+    /// the same front, as a vLLM user starts it.
+    Mp,
 }
 
 /// Starts `ranks` ranks (1: the plain server, no MPI) on `model` under
@@ -87,10 +92,12 @@ fn launch_as(start: Start, ranks: usize, model: &Path, extra: &[&str]) -> Job {
                 c.args(["-n", &ranks.to_string(), BIN]);
                 c
             }
-            Start::Front => Command::new(BIN),
+            Start::Front | Start::Mp => Command::new(BIN),
         };
         c.args(["--tensor-parallel-size", &ranks.to_string()]);
-        c.args(["--distributed-executor-backend", "mpi"]);
+        if start != Start::Mp {
+            c.args(["--distributed-executor-backend", "mpi"]);
+        }
         c
     };
     cmd.args(["--model", &model.display().to_string()])
@@ -383,8 +390,9 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-/// Started without `mpiexec`, the server is the HTTP front of its own
-/// job: the golden ids over 2 ranks through it; then, with rank 1 killed,
+/// Started without `mpiexec` and without a backend flag (`mp`, as a vLLM
+/// user starts it), the server is the HTTP front of its own job: the
+/// golden ids over 2 ranks through it; then, with rank 1 killed,
 /// an open stream gets an SSE error event, a waiting request a 500 with
 /// OpenAI's error body, and the front and every rank exit (bounded, the
 /// front non-zero).
@@ -399,8 +407,12 @@ fn through_the_front_a_killed_rank_gives_clients_a_server_error() {
     };
     let prompts = fixture("smollm2_golden.json");
     let want = greedy(&launch(1, &path, &[]), &prompts[..4], 16);
-    let mut job = launch_as(Start::Front, 2, &path, &[]);
-    assert_eq!(greedy(&job, &prompts[..4], 16), want, "through the front");
+    let mut job = launch_as(Start::Mp, 2, &path, &[]);
+    assert_eq!(
+        greedy(&job, &prompts[..4], 16),
+        want,
+        "through the front (mp)"
+    );
     let addr = job.addr();
     let request = move |stream: bool| {
         std::thread::spawn(move || {

@@ -71,10 +71,9 @@ fn tiny(comm: Arc<dyn Collective>, c: &ModelConfig) -> Box<dyn Executor> {
         .executor
 }
 
-/// Two prompts prefilled together, then a decode step after a
-/// copy-on-write block copy: every logit row of every step.
-fn steps(exec: &mut dyn Executor) -> Vec<Vec<f32>> {
-    let prefill = ForwardBatch {
+/// Two prompts prefilled together (the first step of [`steps`]).
+fn steps_prefill() -> ForwardBatch {
+    ForwardBatch {
         token_ids: vec![3, 14, 15, 92, 65, 35, 89, 79, 32],
         positions: vec![0, 1, 2, 3, 4, 0, 1, 2, 3],
         slot_mapping: vec![0, 1, 2, 3, 4, 8, 9, 10, 11],
@@ -91,7 +90,13 @@ fn steps(exec: &mut dyn Executor) -> Vec<Vec<f32>> {
             },
         ],
         logits_rows: vec![4, 8],
-    };
+    }
+}
+
+/// Two prompts prefilled together, then a decode step after a
+/// copy-on-write block copy: every logit row of every step.
+fn steps(exec: &mut dyn Executor) -> Vec<Vec<f32>> {
+    let prefill = steps_prefill();
     let decode = ForwardBatch {
         token_ids: vec![46, 26],
         positions: vec![5, 4],
@@ -333,6 +338,12 @@ fn gpu_ranks_agree_on_pool_sizes_and_refuse_device_sampling() {
                             .expect_err("greedy on the device");
                         assert!(e.to_string().contains("host draws"), "{e}");
                     } else {
+                        // The rank itself refuses too, before any
+                        // collective (nothing is waiting to meet it).
+                        let e = exec
+                            .execute(&BlockOps::default(), &steps_prefill(), &Sampling::Greedy)
+                            .expect_err("greedy on a rank");
+                        assert!(e.to_string().contains("host draws"), "{e}");
                         run_worker(&mut *exec, &*comm).expect("worker");
                     }
                     blocks

@@ -396,8 +396,8 @@ impl<D: Device> GpuExecutor<D> {
                 let all = tp.gather_logits(mine.rows, &mine.data, self.dims.vocab)?;
                 Ok(forward::StepOut::Logits(all))
             }
-            (Some(_), _) => Err(ExecError::InvalidConfig(
-                "tensor-parallel ranks return logits; the host draws".into(),
+            (Some(_), _) => Err(ExecError::WrongAnswer(
+                "greedy rows or device logits from a tensor-parallel rank".into(),
             )),
         }
     }
@@ -528,6 +528,13 @@ impl<D: Device> Executor for GpuExecutor<D> {
         sampling: &Sampling,
     ) -> Result<StepOutput, ExecError> {
         lora.validate(batch.seqs.len())?;
+        // A rank refuses before its forward pass meets the other ranks'
+        // collectives (which would wait for a step they never run).
+        if self.tp.is_some() && (*sampling != Sampling::Host || !lora.is_empty()) {
+            return Err(ExecError::InvalidConfig(
+                "tensor-parallel ranks return logits without adapters; the host draws".into(),
+            ));
+        }
         match sampling {
             Sampling::Host => match self.step(ops, batch, lora, forward::Output::Logits)? {
                 forward::StepOut::Logits(l) => Ok(StepOutput::Logits(l)),
