@@ -135,7 +135,21 @@ PY
 )
     [ -n "$PAGED_ENGINE_CUBLAS" ] && export PAGED_ENGINE_CUBLAS || unset PAGED_ENGINE_CUBLAS
   fi
-  { nvidia-smi -L || echo "nvidia-smi unavailable"; echo "PAGED_ENGINE_CUBLAS=${PAGED_ENGINE_CUBLAS:-(engine search)}"; } 2>&1 | tee "$out/device.txt"
+  # NCCL (engine-test-tp_nccl: a world of one rank all-reducing over NCCL) is opened by
+  # its bare name: put the PyTorch wheel's libnccl.so.2 on the loader's path.
+  local nccl_dir
+  nccl_dir=$(python3 - 2>/dev/null <<'PY' || true
+import glob, os, site
+for d in site.getsitepackages() + [site.getusersitepackages()]:
+    for pat in ("nvidia/nccl/lib/libnccl.so.2", "nvidia/cu13/lib/libnccl.so.2"):
+        hits = glob.glob(f"{d}/{pat}")
+        if hits:
+            print(os.path.dirname(hits[0])); raise SystemExit
+PY
+)
+  [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  { nvidia-smi -L || echo "nvidia-smi unavailable"; echo "PAGED_ENGINE_CUBLAS=${PAGED_ENGINE_CUBLAS:-(engine search)}"
+    echo "NCCL: ${nccl_dir:-(not found: engine-test-tp_nccl will fail)}"; } 2>&1 | tee "$out/device.txt"
   # Every binary runs (a failure does not hide the others), each bounded so that a hang
   # cannot eat the lease: ENGINE_TEST_TIMEOUT seconds per binary (default 90).
   (
