@@ -207,26 +207,38 @@ fn for_rank(exec: Box<dyn Executor>, comm: Arc<dyn Collective>) -> Box<dyn Execu
 pub fn gpu_rank<D: Device + 'static>(
     dev: D,
     config: ModelConfig,
-    mut input: WeightInput<'_>,
+    input: WeightInput<'_>,
     req: &ExecutorRequest,
     (comm, plan): (Arc<dyn Collective>, Arc<TpPlan>),
     library: &str,
 ) -> Result<BuiltExecutor, BuildError> {
-    let rank = comm.rank();
-    let local = plan.local_config(&config, rank);
-    let opts = gpu_options(&local, req)?;
-    let description = format!("{}, {}", dev.describe(), plan.describe(rank, library));
-    let mut whole = input.source(WeightTypes::File);
-    let mut shard = ShardSource::new(&mut *whole, plan.ranks[rank].clone(), plan.head_dim);
-    let tp = TpRank {
-        comm: Arc::clone(&comm),
-        plan,
-    };
-    let exec = GpuExecutor::load_sharded(dev, local, &mut shard, opts, tp)?;
+    let description = format!(
+        "{}, {}",
+        dev.describe(),
+        plan.describe(comm.rank(), library)
+    );
+    let exec = gpu_shard(dev, config, input, req, (Arc::clone(&comm), plan))?;
     Ok(BuiltExecutor {
         executor: for_rank(Box::new(exec), comm),
         description,
     })
+}
+
+/// [`gpu_rank`]'s executor itself, not yet behind a [`TpDriver`].
+pub fn gpu_shard<D: Device>(
+    dev: D,
+    config: ModelConfig,
+    mut input: WeightInput<'_>,
+    req: &ExecutorRequest,
+    (comm, plan): (Arc<dyn Collective>, Arc<TpPlan>),
+) -> Result<GpuExecutor<D>, BuildError> {
+    let rank = comm.rank();
+    let local = plan.local_config(&config, rank);
+    let opts = gpu_options(&local, req)?;
+    let mut whole = input.source(WeightTypes::File);
+    let mut shard = ShardSource::new(&mut *whole, plan.ranks[rank].clone(), plan.head_dim);
+    let tp = TpRank { comm, plan };
+    GpuExecutor::load_sharded(dev, local, &mut shard, opts, tp)
 }
 
 /// The GPU of this rank: the node-local rank's (MPICH's `MPI_LOCALRANKID`,

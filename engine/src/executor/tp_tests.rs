@@ -5,7 +5,7 @@
 use crate::dist::threads;
 use crate::dist::Collective;
 use crate::executor::gpu::{DType, EmuDevice};
-use crate::executor::tp::{build_tp_executor, check_agreement, gpu_rank, run_worker};
+use crate::executor::tp::{build_tp_executor, check_agreement, gpu_rank, gpu_shard, run_worker};
 use crate::executor::{
     generate_greedy, BlockOps, DeviceKind, ExecError, Executor, ExecutorRequest, ForwardBatch,
     Sampling, SeqSpan, WeightInput,
@@ -365,4 +365,118 @@ fn gpu_ranks_agree_on_pool_sizes_and_refuse_device_sampling() {
         .expect("ranks");
     let per_block = 2 * c.num_hidden_layers * 4 * big * c.head_dim * 4;
     assert_eq!(counts[0], (64, (1 << 20) / per_block));
+}
+
+/// Two sequences prefilled, then 3 decode steps of both (the same graph
+/// bucket each time): every logit row of every step.
+fn decode_steps(exec: &mut dyn Executor) -> Vec<Vec<f32>> {
+    let mut out = vec![
+        exec.execute(&BlockOps::default(), &steps_prefill(), &Sampling::Host)
+            .and_then(|o| o.into_logits())
+            .expect("prefill")
+            .data,
+    ];
+    for i in 0..3 {
+        // Block size 4: sequence 0's positions 5-7 in block 1 (slots 5-7),
+        // sequence 1's 4-6 in block 3 (slots 12-14).
+        let (a, b) = (5 + i, 4 + i);
+        let decode = ForwardBatch {
+            token_ids: vec![40 + i as u32, 60 + i as u32],
+            positions: vec![a, b],
+            slot_mapping: vec![a, 8 + b],
+            seqs: vec![
+                SeqSpan {
+                    query_len: 1,
+                    context_len: a + 1,
+                    block_table: vec![BlockId(0), BlockId(1)],
+                },
+                SeqSpan {
+                    query_len: 1,
+                    context_len: b + 1,
+                    block_table: vec![BlockId(2), BlockId(3)],
+                },
+            ],
+            logits_rows: vec![0, 1],
+        };
+        let l = exec
+            .execute(&BlockOps::default(), &decode, &Sampling::Host)
+            .and_then(|o| o.into_logits())
+            .expect("decode");
+        assert_eq!((l.rows, l.vocab), (2, 97));
+        out.push(l.data);
+    }
+    out
+}
+
+/// With a device collective (the emulator's stands for NCCL) the decode
+/// steps run as captured graphs with the all-reduces inside, replayed on
+/// every rank; the logits equal the host-staged ranks' (which run eager)
+/// and the whole model's on the CPU.
+#[test]
+fn gpu_ranks_with_a_device_all_reduce_replay_graphs_and_match() {
+    let c = tiny_config(true, None);
+    let want = with_ranks(1, |comm| tiny(comm, &c), decode_steps);
+    let plan_of = |world| Arc::new(TpPlan::new(&Dims::of(&c).expect("dims"), world).expect("plan"));
+    let mut req = request();
+    req.device = DeviceKind::Cuda;
+    for world in [2, 3] {
+        let staged = with_ranks(world, |comm| tiny_gpu(comm, &c, DType::F32), decode_steps);
+        let ranks = threads::group(world);
+        let (got, replays) = std::thread::scope(|s| {
+            let mut ranks = ranks.into_iter();
+            let zero: Arc<dyn Collective> = Arc::new(ranks.next().expect("rank 0"));
+            let workers: Vec<_> = ranks
+                .map(|r| {
+                    let (c, req, plan) = (&c, &req, plan_of(world));
+                    s.spawn(move || {
+                        let comm: Arc<dyn Collective> = Arc::new(r);
+                        let dev = EmuDevice::new().with_collective(Arc::clone(&comm));
+                        let input = WeightInput::Memory(InMemory::from(random_weights(c, 7)));
+                        let mut exec =
+                            gpu_shard(dev, c.clone(), input, req, (Arc::clone(&comm), plan))
+                                .expect("gpu shard");
+                        run_worker(&mut exec, &*comm).expect("worker");
+                        exec.device().graph_launches
+                    })
+                })
+                .collect();
+            let dev = EmuDevice::new().with_collective(Arc::clone(&zero));
+            let input = WeightInput::Memory(InMemory::from(random_weights(&c, 7)));
+            let mut exec = gpu_rank(
+                dev,
+                c.clone(),
+                input,
+                &req,
+                (zero, plan_of(world)),
+                "emulated",
+            )
+            .expect("rank 0")
+            .executor;
+            let got = decode_steps(&mut *exec);
+            drop(exec);
+            let replays: Vec<usize> = workers
+                .into_iter()
+                .map(|w| w.join().expect("worker thread"))
+                .collect();
+            (got, replays)
+        });
+        // The first decode step runs eager and captures; the other two
+        // replay the graph.
+        assert!(
+            replays.iter().all(|&n| n == 2),
+            "graph replays per rank: {replays:?}"
+        );
+        for (step, ((g, s), w)) in got.iter().zip(&staged).zip(&want).enumerate() {
+            for ((g, s), w) in g.iter().zip(s).zip(w) {
+                assert!(
+                    (g - w).abs() < 1e-4,
+                    "tp {world} step {step}: {g} vs {w} (cpu)"
+                );
+                assert!(
+                    (g - s).abs() < 1e-4,
+                    "tp {world} step {step}: {g} vs {s} (staged)"
+                );
+            }
+        }
+    }
 }

@@ -692,14 +692,15 @@ impl Device for CudaDevice {
         }
     }
 
-    fn all_reduce_sum(
-        &mut self,
-        buf: DevPtr,
-        count: usize,
-        dtype: DType,
-    ) -> Result<bool, GpuError> {
+    fn has_all_reduce(&self) -> bool {
+        self.nccl.is_some()
+    }
+
+    fn all_reduce_sum(&mut self, buf: DevPtr, count: usize, dtype: DType) -> Result<(), GpuError> {
         let Some(nccl) = &self.nccl else {
-            return Ok(false);
+            return Err(GpuError::Unsupported(
+                "an all-reduce before join_nccl".into(),
+            ));
         };
         self.bind()?;
         let end = buf.0 + (count * dtype.size()) as u64;
@@ -715,8 +716,7 @@ impl Device for CudaDevice {
         }
         // SAFETY: `buf` lies in a live allocation of this device (checked
         // above); the compute stream is live for the device's life.
-        unsafe { nccl.all_reduce_sum(buf, count, dtype, self.compute.cu_stream()) }?;
-        Ok(true)
+        unsafe { nccl.all_reduce_sum(buf, count, dtype, self.compute.cu_stream()) }
     }
 }
 

@@ -273,18 +273,20 @@ pub trait Device: Send {
     /// Releases a captured graph.
     fn drop_graph(&mut self, graph: GraphId) -> Result<(), GpuError>;
 
+    /// Whether [`Device::all_reduce_sum`] works here: a collective library
+    /// of the device's own is attached (NCCL on CUDA). Without one, the
+    /// executor sums through the host.
+    fn has_all_reduce(&self) -> bool {
+        false
+    }
+
     /// Tensor parallelism: sums `count` values of `dtype` at `buf` over the
-    /// ranks, in place, on the compute stream, where the device has a
-    /// collective library of its own attached (NCCL on CUDA) and returns
-    /// `true`; `false` (the default) where it has none, and the caller sums
-    /// through the host instead.
-    fn all_reduce_sum(
-        &mut self,
-        buf: DevPtr,
-        count: usize,
-        dtype: DType,
-    ) -> Result<bool, GpuError> {
+    /// ranks, in place, on the compute stream (recorded while capturing a
+    /// graph, as NCCL's calls are). Only where [`Device::has_all_reduce`].
+    fn all_reduce_sum(&mut self, buf: DevPtr, count: usize, dtype: DType) -> Result<(), GpuError> {
         let _ = (buf, count, dtype);
-        Ok(false)
+        Err(GpuError::Unsupported(
+            "a device all-reduce (no collective library attached)".into(),
+        ))
     }
 }

@@ -12,11 +12,15 @@
 //! GEMM without running it; a replay runs the recorded list in order, so a
 //! test can check that a replayed step equals the eager one, including after
 //! the inputs changed in place. Every other call while capturing is an error
-//! (CUDA's stream capture would refuse or mis-record it).
+//! (CUDA's stream capture would refuse or mis-record it), except the
+//! device all-reduce of [`EmuDevice::with_collective`], which is recorded
+//! and replayed as NCCL's is in a CUDA graph.
 
 use super::device::{DType, DevBuf, DevPtr, Device, Gemm, GraphId, HostBuf, Kernel, ThreadsFor};
 use super::GpuError;
+use crate::dist::Collective;
 use gpu_kernels::{KernelArg, LaunchConfig};
+use std::sync::Arc;
 
 /// Threads per block on the emulator (one warp keeps it quick).
 const EMU_THREADS: u32 = 32;
@@ -26,6 +30,7 @@ const EMU_THREADS: u32 = 32;
 enum Op {
     Launch(Kernel, LaunchConfig, Vec<KernelArg>),
     Gemm(Gemm),
+    AllReduce(DevPtr, usize, DType),
 }
 
 /// The host-emulated device. See the module docs.
@@ -42,12 +47,38 @@ pub struct EmuDevice {
     /// The graph being recorded.
     capture: Option<Vec<Op>>,
     graphs: Vec<Option<Vec<Op>>>,
+    /// The device's own all-reduce across tensor-parallel ranks
+    /// ([`EmuDevice::with_collective`]).
+    comm: Option<Arc<dyn Collective>>,
 }
 
 impl EmuDevice {
     /// An empty emulated device.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A device whose own all-reduce ([`Device::all_reduce_sum`]) sums over
+    /// `comm`'s ranks: it stands for NCCL on a GPU, so that the executor's
+    /// path with a device collective (the all-reduces inside a captured
+    /// graph included) runs without one.
+    pub fn with_collective(mut self, comm: Arc<dyn Collective>) -> Self {
+        self.comm = Some(comm);
+        self
+    }
+
+    /// Sums `count` values of `t` at `p` over the ranks, now.
+    fn run_all_reduce(&mut self, p: DevPtr, count: usize, t: DType) -> Result<(), GpuError> {
+        let comm = self
+            .comm
+            .clone()
+            .ok_or_else(|| GpuError::Unsupported("a device all-reduce without ranks".into()))?;
+        let mut values = self.read(p, count, t)?;
+        comm.all_reduce_sum(&mut values)
+            .map_err(|e| GpuError::Collective(engine_core::Report(&e).to_string()))?;
+        self.region(p, count * t.size())?
+            .copy_from_slice(&t.encode(&values));
+        Ok(())
     }
 
     /// The allocation holding `[p, p + bytes)`, as a byte slice, or an error.
@@ -307,6 +338,7 @@ impl Device for EmuDevice {
                 // launch's own contract held.
                 Op::Launch(k, cfg, args) => unsafe { self.run_launch(*k, *cfg, args) }?,
                 Op::Gemm(g) => self.run_gemm(g)?,
+                Op::AllReduce(p, count, t) => self.run_all_reduce(*p, *count, *t)?,
             }
         }
         Ok(())
@@ -320,5 +352,17 @@ impl Device for EmuDevice {
             }
             _ => Err(GpuError::Device("emulator: unknown graph".into())),
         }
+    }
+
+    fn has_all_reduce(&self) -> bool {
+        self.comm.is_some()
+    }
+
+    fn all_reduce_sum(&mut self, buf: DevPtr, count: usize, dtype: DType) -> Result<(), GpuError> {
+        if let Some(ops) = &mut self.capture {
+            ops.push(Op::AllReduce(buf, count, dtype));
+            return Ok(());
+        }
+        self.run_all_reduce(buf, count, dtype)
     }
 }

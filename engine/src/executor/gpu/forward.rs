@@ -442,14 +442,15 @@ impl GpuStep<'_, '_> {
     /// summed over the ranks, in place: by the device's own collective
     /// (NCCL) where it has one, else through the host (download, the
     /// ranks' [`crate::dist::Collective`], upload: a wait per call, so
-    /// such a step is never captured as a graph). Nothing without it.
+    /// such a step is never captured as a graph). Nothing without tensor
+    /// parallelism.
     fn all_reduce(&mut self, buf: DevPtr, count: usize) -> Result<(), GpuError> {
         let Some(tp) = self.p.tp else {
             return Ok(());
         };
         let t = self.p.dtype;
-        if self.dev.all_reduce_sum(buf, count, t)? {
-            return Ok(());
+        if self.dev.has_all_reduce() {
+            return self.dev.all_reduce_sum(buf, count, t);
         }
         let mut bytes = vec![0u8; count * t.size()];
         self.dev.download(buf, &mut bytes)?;

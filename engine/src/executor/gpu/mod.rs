@@ -136,9 +136,10 @@ impl<D: Device> GpuExecutor<D> {
     /// [`crate::model::tp::ShardSource`]). Every rank must call this at the
     /// same time: the profile run meets the other ranks in its collectives,
     /// and the ranks agree on the smallest pool sizes, so that block ids
-    /// mean the same on every rank. Steps run eager (no CUDA graphs) and
-    /// return logits only (rank 0 gets the whole vocabulary's; the host
-    /// draws), and adapters are refused.
+    /// mean the same on every rank. Steps return logits only (rank 0 gets
+    /// the whole vocabulary's; the host draws), adapters are refused, and
+    /// decode steps run as CUDA graphs only where the device all-reduces
+    /// itself ([`Device::has_all_reduce`]: NCCL; the graph holds its calls).
     pub fn load_sharded(
         dev: D,
         config: ModelConfig,
@@ -201,6 +202,9 @@ impl<D: Device> GpuExecutor<D> {
             return Err(GpuError::out_of_memory("no room for a single KV block").into());
         }
         let kv = KvPools::new(&mut dev, geom(gpu_blocks), cpu_blocks, opts.dtype)?;
+        // All-reduces through the host wait for the device: such steps run
+        // eager (see `forward`'s `all_reduce`); the device's own are captured.
+        let host_reduced = tp.is_some() && !dev.has_all_reduce();
         tracing::info!(
             device = %dev.describe(),
             weights_mib = weights_bytes >> 20,
@@ -217,8 +221,7 @@ impl<D: Device> GpuExecutor<D> {
             kv,
             scratch: Scratch::default(),
             kernels,
-            // Tensor-parallel steps run eager: see `forward`'s `all_reduce`.
-            graphs: Graphs::new(graphs::MAX_BUCKET, tp.is_some()),
+            graphs: Graphs::new(graphs::MAX_BUCKET, host_reduced),
             sampling,
             lora: lora::GpuLora::default(),
             tp,
@@ -259,7 +262,8 @@ impl<D: Device> GpuExecutor<D> {
     /// sequences (the default: up to 512), or none with `enforce_eager`
     /// (vLLM's `--enforce-eager`).
     pub fn with_cuda_graphs(mut self, max_num_seqs: usize, enforce_eager: bool) -> Self {
-        self.graphs = Graphs::new(max_num_seqs, enforce_eager || self.tp.is_some());
+        let host_reduced = self.tp.is_some() && !self.dev.has_all_reduce();
+        self.graphs = Graphs::new(max_num_seqs, enforce_eager || host_reduced);
         self
     }
 
@@ -385,11 +389,19 @@ impl<D: Device> GpuExecutor<D> {
         if !lora.is_empty() {
             return self.lora_step(batch, lora, out);
         }
-        if let Some(bucket) = self.graphs.bucket_of(batch) {
-            return Ok(self.graph_step(batch, bucket, out)?);
-        }
-        let (dev, scratch, parts) = self.split();
-        let step = forward::run_to(dev, &parts, scratch, batch, out)?;
+        let step = match self.graphs.bucket_of(batch) {
+            Some(bucket) => self.graph_step(batch, bucket, out)?,
+            None => {
+                let (dev, scratch, parts) = self.split();
+                forward::run_to(dev, &parts, scratch, batch, out)?
+            }
+        };
+        self.gathered(step)
+    }
+
+    /// A step's answer as the engine gets it: under tensor parallelism this
+    /// rank's slice of the logits gathered (rank 0 gets them whole).
+    fn gathered(&self, step: forward::StepOut) -> Result<forward::StepOut, ExecError> {
         match (&self.tp, step) {
             (None, step) => Ok(step),
             (Some(tp), forward::StepOut::Logits(mine)) => {
@@ -466,15 +478,15 @@ impl<D: Device> GpuExecutor<D> {
             // batch buffer the graph addresses is live at the same address
             // and size; weights and KV pools never move.
             unsafe { self.dev.launch_graph(g) }?;
-            // Graphs never run under tensor parallelism: the whole vocabulary.
-            return forward::finish(&mut self.dev, &mut self.scratch, self.dims.vocab, rows, out);
+            let vocab = self.split().2.vocab_rows();
+            return forward::finish(&mut self.dev, &mut self.scratch, vocab, rows, out);
         }
         if let Some(old) = self.graphs.take(bucket, out) {
             self.dev.drop_graph(old)?;
         }
         let counts = graphs::padded_counts(bucket);
-        let dims = self.dims;
         let (dev, scratch, parts) = self.split();
+        let vocab = parts.vocab_rows();
         // Eager first: computes this step and sizes every buffer, so that
         // the capture below allocates nothing.
         forward::compute(dev, &parts, scratch, &counts, &m, out)?;
@@ -491,7 +503,7 @@ impl<D: Device> GpuExecutor<D> {
             ));
         }
         self.graphs.insert(bucket, out, graph, print);
-        forward::finish(&mut self.dev, &mut self.scratch, dims.vocab, rows, out)
+        forward::finish(&mut self.dev, &mut self.scratch, vocab, rows, out)
     }
 }
 
