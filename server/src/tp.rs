@@ -26,9 +26,6 @@ pub fn collective(engine: &EngineArgs) -> anyhow::Result<Option<Arc<dyn Collecti
     if let Some(c) = COMM.get() {
         return Ok(Some(Arc::clone(c)));
     }
-    if engine.lora.enable_lora {
-        bail!("--enable-lora with --tensor-parallel-size {n}: adapters are not sharded yet");
-    }
     // `mp` (the default) starts its ranks through MPI's launcher: the
     // plain command becomes the HTTP front (`crate::tp_front`), which runs
     // `mpiexec -n N` of itself; here, under that launcher, it is `mpi`.
@@ -104,8 +101,6 @@ mod tests {
         assert!(collective(&engine(&[])).expect("size 1").is_none());
         let e = refusal(&["--tensor-parallel-size", "2"]);
         assert!(e.contains("mpiexec -n 2") && e.contains("NCCL"), "{e}");
-        let e = refusal(&["--tensor-parallel-size", "2", "--enable-lora"]);
-        assert!(e.contains("adapters are not sharded"), "{e}");
         #[cfg(not(feature = "mpi"))]
         {
             let e = refusal(&[

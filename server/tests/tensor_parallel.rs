@@ -2,7 +2,8 @@
 //! `mpi`; CI installs MPICH): greedy ids over 2 and 3 ranks equal one
 //! rank's on the golden prompts, for SmolLM2 (quantized and float32),
 //! Qwen2.5-Coder-0.5B (uneven FFN blocks) and Gemma-3-270M (its one KV
-//! head replicated), all through HTTP on rank 0; a rank killed
+//! head replicated), all through HTTP on rank 0, and with LoRA adapters
+//! (SmolLM2); a rank killed
 //! mid-request ends the whole job, bounded, the client getting an error;
 //! and started without `mpiexec`, the server is the HTTP front of its own
 //! job (`--distributed-executor-backend mp`, the default, or `mpi`): the
@@ -183,13 +184,18 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Opt
 
 /// Greedy completions of every prompt (sent at once): each one's tokens.
 fn greedy(job: &Job, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<String>> {
+    greedy_as(job, "m", prompts, n)
+}
+
+/// [`greedy`] with `model` (the base model's name or an adapter's).
+fn greedy_as(job: &Job, model: &str, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<String>> {
     let addr = job.addr();
     std::thread::scope(|s| {
         let handles: Vec<_> = prompts
             .iter()
             .map(|p| {
                 s.spawn(move || {
-                    let body = json!({"model": "m", "prompt": p, "max_tokens": n,
+                    let body = json!({"model": model, "prompt": p, "max_tokens": n,
                         "temperature": 0, "logprobs": 1, "ignore_eos": true});
                     let (status, text) =
                         http(addr, "POST", "/v1/completions", Some(&body)).expect("response");
@@ -256,6 +262,52 @@ fn same_over_ranks(file: &str, golden: &str, extra: &[&str]) {
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g, w, "{file} {extra:?}, {ranks} ranks, prompt {i}");
         }
+    }
+}
+
+/// LoRA adapters over CPU ranks: rank 0 sends each adapter once, each
+/// rank adds its slice's delta (B's rows for q/k/v and gate/up, A's
+/// columns for o and down); greedy ids with two adapters, over 2 ranks,
+/// equal one rank's and differ from the base model's.
+#[test]
+fn lora_adapters_over_ranks() {
+    if !mpiexec_available() {
+        eprintln!("SKIP tensor parallel: no mpiexec (apt-get install mpich)");
+        return;
+    }
+    let Some(path) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let names = ["all-r16", "qko-r8"];
+    let modules: Vec<String> = names
+        .iter()
+        .map(|n| {
+            let (dir, _) = model_loader::lora_gen::write_reference(&path, tmp.path(), n, false)
+                .expect("reference adapter");
+            format!("{n}={}", dir.display())
+        })
+        .collect();
+    let mut extra = vec!["--enable-lora", "--max-loras", "2", "--lora-modules"];
+    extra.extend(modules.iter().map(String::as_str));
+    let prompts = &fixture("smollm2_golden.json")[..4];
+    let run = |ranks: usize| {
+        let job = launch(ranks, &path, &extra);
+        let base = greedy(&job, prompts, 16);
+        let adapted: Vec<_> = names
+            .iter()
+            .map(|n| greedy_as(&job, n, prompts, 16))
+            .collect();
+        (base, adapted)
+    };
+    let (base, want) = run(1);
+    for (n, w) in names.iter().zip(&want) {
+        assert_ne!(w, &base, "adapter {n} changes no token");
+    }
+    let (base2, got) = run(2);
+    assert_eq!(base2, base, "base model over 2 ranks");
+    for ((n, g), w) in names.iter().zip(&got).zip(&want) {
+        assert_eq!(g, w, "adapter {n} over 2 ranks");
     }
 }
 

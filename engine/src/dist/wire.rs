@@ -3,36 +3,84 @@
 //! first). Decoding checks every length against the bytes left, so a
 //! short or garbled message is a typed error, never a panic.
 //!
-//! Cost: O(tokens + block-table entries) per step, a few KB at batch 32.
+//! Cost: O(tokens + block-table entries) per step, a few KB at batch 32;
+//! a LoRA adapter's weights once, before the first step that uses it
+//! (`r x (in + out)` floats per adapted matrix).
 
-use engine_core::{BlockCopy, BlockId, BlockOps, ExecError, ForwardBatch, SeqSpan};
+use crate::model::lora::LoraStep;
+use engine_core::{BlockCopy, BlockId, BlockOps, ExecError, ForwardBatch, LoraId, SeqSpan};
+use model_loader::lora::{LoraAdapter, LoraFormat, LoraLayer, LoraPair};
 
 /// What the other ranks do next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
-    /// Block moves, then the forward pass of `batch` (logits stay on rank 0).
-    Step { ops: BlockOps, batch: ForwardBatch },
+    /// Block moves, then the forward pass of `batch` (logits stay on rank 0),
+    /// with the adapters `lora` names.
+    Step {
+        ops: BlockOps,
+        batch: ForwardBatch,
+        lora: LoraIds,
+    },
+    /// An adapter's weights, sent before the first step whose slot table
+    /// holds `id` (ids are never reused, so a rank keeps them by id).
+    Adapter { id: LoraId, adapter: LoraAdapter },
     /// Rank 0 is stopping: leave the loop.
     Shutdown,
 }
 
+/// A step's adapters by id: [`LoraStep`] without the weights, which the
+/// ranks already hold ([`Command::Adapter`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoraIds {
+    /// The slot table (`None`: empty slot). Empty when no row is adapted.
+    pub slots: Vec<Option<LoraId>>,
+    /// Per sequence, its slot (`LoraStep::seq_slot`).
+    pub seq_slot: Vec<Option<u32>>,
+}
+
+impl LoraIds {
+    /// The ids of `step`; nothing when no sequence uses an adapter.
+    pub fn of(step: &LoraStep) -> Self {
+        if step.is_empty() {
+            return Self::default();
+        }
+        Self {
+            slots: step
+                .slots
+                .iter()
+                .map(|s| s.as_ref().map(|e| e.id))
+                .collect(),
+            seq_slot: step.seq_slot.clone(),
+        }
+    }
+}
+
 const STEP: u8 = 1;
 const SHUTDOWN: u8 = 2;
+const ADAPTER: u8 = 3;
 
 impl Command {
     /// The command's bytes.
     pub fn encode(&self) -> Vec<u8> {
         match self {
             Command::Shutdown => vec![SHUTDOWN],
-            Command::Step { ops, batch } => encode_step(ops, batch),
+            Command::Step { ops, batch, lora } => encode_step(ops, batch, lora),
+            Command::Adapter { id, adapter } => encode_adapter(*id, adapter),
         }
     }
 
     /// Reads a command written by [`Self::encode`].
     pub fn decode(bytes: &[u8]) -> Result<Self, ExecError> {
         let mut r = Reader { bytes, at: 0 };
-        match r.byte()? {
-            SHUTDOWN => Ok(Command::Shutdown),
+        let command = match r.byte()? {
+            SHUTDOWN => Command::Shutdown,
+            ADAPTER => {
+                let id = LoraId(r.u32()?);
+                Command::Adapter {
+                    id,
+                    adapter: r.adapter()?,
+                }
+            }
             STEP => {
                 let mut lists = Vec::with_capacity(3);
                 for _ in 0..3 {
@@ -73,10 +121,17 @@ impl Command {
                         block_table,
                     });
                 }
-                if r.at != bytes.len() {
-                    return Err(bad("trailing bytes"));
-                }
-                Ok(Command::Step {
+                let slots = r
+                    .list()?
+                    .into_iter()
+                    .map(|v| opt_u32(v).map(|s| s.map(LoraId)))
+                    .collect::<Result<_, _>>()?;
+                let seq_slot = r
+                    .list()?
+                    .into_iter()
+                    .map(opt_u32)
+                    .collect::<Result<_, _>>()?;
+                Command::Step {
                     ops: BlockOps {
                         swap_out,
                         swap_in,
@@ -89,16 +144,21 @@ impl Command {
                         seqs,
                         logits_rows,
                     },
-                })
+                    lora: LoraIds { slots, seq_slot },
+                }
             }
-            t => Err(bad(&format!("unknown command tag {t}"))),
+            t => return Err(bad(&format!("unknown command tag {t}"))),
+        };
+        if r.at != bytes.len() {
+            return Err(bad("trailing bytes"));
         }
+        Ok(command)
     }
 }
 
-/// The bytes of [`Command::Step`] for `ops` and `batch`, written from
-/// borrows (rank 0 sends every step: no copy of the batch is made).
-pub fn encode_step(ops: &BlockOps, batch: &ForwardBatch) -> Vec<u8> {
+/// The bytes of [`Command::Step`] for `ops`, `batch` and `lora`, written
+/// from borrows (rank 0 sends every step: no copy of the batch is made).
+pub fn encode_step(ops: &BlockOps, batch: &ForwardBatch, lora: &LoraIds) -> Vec<u8> {
     let words = 4
         + 2 * (ops.swap_out.len() + ops.swap_in.len() + ops.copies.len())
         + 4 * batch.token_ids.len()
@@ -127,7 +187,48 @@ pub fn encode_step(ops: &BlockOps, batch: &ForwardBatch) -> Vec<u8> {
         put(&mut w, s.context_len);
         put_iter(&mut w, s.block_table.iter().map(|b| b.0 as usize));
     }
+    // Optional ids as 0 (none) or id + 1.
+    let opt = |v: Option<u32>| v.map_or(0, |x| x as usize + 1);
+    put_iter(&mut w, lora.slots.iter().map(|s| opt(s.map(|id| id.0))));
+    put_iter(&mut w, lora.seq_slot.iter().map(|&s| opt(s)));
     w
+}
+
+/// The bytes of [`Command::Adapter`].
+fn encode_adapter(id: LoraId, a: &LoraAdapter) -> Vec<u8> {
+    let mut w = vec![ADAPTER];
+    put(&mut w, id.0 as usize);
+    w.push(match a.format {
+        LoraFormat::Peft => 0,
+        LoraFormat::Gguf => 1,
+    });
+    put(&mut w, a.rank);
+    put_floats(&mut w, &[a.alpha, a.scale]);
+    let name = a.base_model.as_deref().unwrap_or_default().as_bytes();
+    w.push(u8::from(a.base_model.is_some()));
+    put(&mut w, name.len());
+    w.extend_from_slice(name);
+    put(&mut w, a.layers.len());
+    for l in &a.layers {
+        for p in &l.pairs {
+            w.push(u8::from(p.is_some()));
+            if let Some(p) = p {
+                put_floats(&mut w, &p.a);
+                put_floats(&mut w, &p.b);
+            }
+        }
+    }
+    w
+}
+
+/// `None` for 0, else `v - 1` (see `encode_step`).
+fn opt_u32(v: usize) -> Result<Option<u32>, ExecError> {
+    match v {
+        0 => Ok(None),
+        v => u32::try_from(v - 1)
+            .map(Some)
+            .map_err(|_| bad("adapter id")),
+    }
 }
 
 fn bad(what: &str) -> ExecError {
@@ -146,6 +247,12 @@ fn put(w: &mut Vec<u8>, v: usize) {
 fn put_iter(w: &mut Vec<u8>, v: impl ExactSizeIterator<Item = usize>) {
     put(w, v.len());
     v.for_each(|x| put(w, x));
+}
+
+/// A length, then the values' 4-byte little-endian bits.
+fn put_floats(w: &mut Vec<u8>, v: &[f32]) {
+    put(w, v.len());
+    v.iter().for_each(|x| w.extend_from_slice(&x.to_le_bytes()));
 }
 
 struct Reader<'b> {
@@ -185,6 +292,77 @@ impl Reader<'_> {
     fn block(&mut self) -> Result<BlockId, ExecError> {
         block_id(self.u64()?)
     }
+
+    fn u32(&mut self) -> Result<u32, ExecError> {
+        u32::try_from(self.u64()?).map_err(|_| bad("value out of range"))
+    }
+
+    /// `n` raw bytes.
+    fn bytes(&mut self, n: usize) -> Result<&[u8], ExecError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .ok_or_else(|| bad("length past the end"))?;
+        let b = self.bytes.get(self.at..end).ok_or_else(|| bad("short"))?;
+        self.at = end;
+        Ok(b)
+    }
+
+    /// A length, checked against the bytes left (4 per value), then the values.
+    fn floats(&mut self) -> Result<Vec<f32>, ExecError> {
+        let n = self.u64()?;
+        if n > (self.bytes.len() - self.at) / 4 {
+            return Err(bad("length past the end"));
+        }
+        Ok(self
+            .bytes(4 * n)?
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    fn adapter(&mut self) -> Result<LoraAdapter, ExecError> {
+        let format = match self.byte()? {
+            0 => LoraFormat::Peft,
+            1 => LoraFormat::Gguf,
+            _ => return Err(bad("adapter format")),
+        };
+        let rank = self.u64()?;
+        let (alpha, scale) = match self.floats()?.as_slice() {
+            &[alpha, scale] => (alpha, scale),
+            _ => return Err(bad("adapter alpha and scale")),
+        };
+        let named = self.byte()? == 1;
+        let n = self.u64()?;
+        let name =
+            String::from_utf8(self.bytes(n)?.to_vec()).map_err(|_| bad("base model name"))?;
+        // Each layer takes 7 bytes at least (a flag per target).
+        let layers = self.u64()?;
+        if layers > (self.bytes.len() - self.at) / 7 {
+            return Err(bad("length past the end"));
+        }
+        let mut out = Vec::with_capacity(layers);
+        for _ in 0..layers {
+            let mut layer = LoraLayer::default();
+            for pair in &mut layer.pairs {
+                if self.byte()? == 1 {
+                    *pair = Some(LoraPair {
+                        a: self.floats()?,
+                        b: self.floats()?,
+                    });
+                }
+            }
+            out.push(layer);
+        }
+        Ok(LoraAdapter {
+            format,
+            rank,
+            alpha,
+            scale,
+            base_model: named.then_some(name),
+            layers: out,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -222,22 +400,50 @@ mod tests {
                 ],
                 logits_rows: vec![2, 3],
             },
+            lora: LoraIds {
+                slots: vec![None, Some(LoraId(7)), Some(LoraId(0))],
+                seq_slot: vec![Some(1), None],
+            },
+        }
+    }
+
+    fn adapter() -> Command {
+        let mut layer = LoraLayer::default();
+        layer.pairs[2] = Some(LoraPair {
+            a: vec![0.5, -1.25, 3.0],
+            b: vec![f32::MIN_POSITIVE, 2.0],
+        });
+        Command::Adapter {
+            id: LoraId(7),
+            adapter: LoraAdapter {
+                format: LoraFormat::Gguf,
+                rank: 1,
+                alpha: 16.0,
+                scale: 2.0,
+                base_model: Some("SmolLM2".into()),
+                layers: vec![LoraLayer::default(), layer],
+            },
         }
     }
 
     #[test]
     fn commands_round_trip() {
-        for c in [step(), Command::Shutdown] {
+        for c in [step(), adapter(), Command::Shutdown] {
             assert_eq!(Command::decode(&c.encode()).expect("decode"), c);
         }
     }
 
     #[test]
     fn every_truncation_and_garbage_is_an_error() {
-        let bytes = step().encode();
-        for cut in 0..bytes.len() {
-            assert!(Command::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        for bytes in [step().encode(), adapter().encode()] {
+            for cut in 0..bytes.len() {
+                assert!(Command::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+            let mut long = bytes.clone();
+            long.push(0);
+            assert!(Command::decode(&long).is_err());
         }
+        let bytes = step().encode();
         let mut long = bytes.clone();
         long.push(0);
         assert!(Command::decode(&long).is_err());

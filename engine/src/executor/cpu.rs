@@ -77,13 +77,21 @@ impl CpuExecutor {
 
     /// Makes the executor's prepared slots match the step's slot table:
     /// a slot whose adapter id changed is prepared again (a slot fill).
+    /// Under tensor parallelism a slot holds this rank's slice of the
+    /// adapter ([`TpRank::shard_adapter`]).
     fn fill_lora_slots(&mut self, step: &LoraStep) {
         self.lora.resize(step.slots.len(), None);
         for (mine, theirs) in self.lora.iter_mut().zip(&step.slots) {
             match theirs {
                 None => *mine = None,
                 Some(e) if mine.as_ref().is_some_and(|(id, _)| *id == e.id) => {}
-                Some(e) => *mine = Some((e.id, Arc::new(Prepared::new(&e.adapter)))),
+                Some(e) => {
+                    let prepared = match &self.tp {
+                        Some(tp) => Prepared::new(&tp.shard_adapter(&e.adapter)),
+                        None => Prepared::new(&e.adapter),
+                    };
+                    *mine = Some((e.id, Arc::new(prepared)));
+                }
             }
         }
     }
@@ -204,7 +212,7 @@ impl Executor for CpuExecutor {
     }
 
     fn supports_lora(&self) -> bool {
-        self.tp.is_none()
+        true
     }
 
     fn execute_lora(
@@ -220,11 +228,6 @@ impl Executor for CpuExecutor {
             ));
         }
         lora.validate(batch.seqs.len())?;
-        if self.tp.is_some() && !lora.is_empty() {
-            return Err(ExecError::InvalidConfig(
-                "LoRA adapters are not sharded for tensor parallelism".into(),
-            ));
-        }
         self.apply_block_ops(ops)?;
         if lora.is_empty() {
             return Ok(StepOutput::Logits(self.model.forward_with(
@@ -245,10 +248,11 @@ impl Executor for CpuExecutor {
             prepared: &prepared,
             groups: &groups,
         };
-        Ok(StepOutput::Logits(self.model.forward_lora(
+        Ok(StepOutput::Logits(self.model.forward_with(
             batch,
             &mut self.device,
             Some(run),
+            self.tp.as_ref(),
         )?))
     }
 

@@ -10,9 +10,11 @@
 //! count, so rank 0's block ids hold on every rank.
 //!
 //! Invariants: the driver refuses whatever rank 0 would refuse before it
-//! broadcasts (adapters, device sampling), so a broadcast step runs on
-//! every rank or fails on every rank in validation, before any collective;
-//! dropping the driver tells the other ranks to stop.
+//! broadcasts (device sampling; adapters where the executor takes none),
+//! so a broadcast step runs on every rank or fails on every rank in
+//! validation, before any collective; every rank holds the adapters of the
+//! last slot table rank 0 sent; dropping the driver tells the other ranks
+//! to stop.
 //!
 //! Cost per step: one broadcast of O(tokens + block-table entries) bytes,
 //! plus the forward pass's collectives (two all-reduces of `[tokens,
@@ -26,8 +28,9 @@ use super::{
     BlockOps, BuildError, BuiltExecutor, Capabilities, ExecError, Executor, ForwardBatch, Sampling,
     StepOutput,
 };
-use crate::dist::wire::{encode_step, Command};
+use crate::dist::wire::{encode_step, Command, LoraIds};
 use crate::dist::Collective;
+use crate::model::lora::{LoraAdapter, LoraId, LoraStep, SlotEntry};
 use crate::model::tp::{ShardSource, TpPlan, TpRank};
 use crate::model::{CpuModel, CpuSink, Dims};
 use engine_core::GpuError;
@@ -38,6 +41,9 @@ use std::sync::Arc;
 pub struct TpDriver {
     inner: Box<dyn Executor>,
     comm: Arc<dyn Collective>,
+    /// The adapters the other ranks hold: those of the last slot table
+    /// sent (each rank keeps the same set, see [`run_worker`]).
+    sent: Vec<LoraId>,
 }
 
 impl Drop for TpDriver {
@@ -48,8 +54,6 @@ impl Drop for TpDriver {
     }
 }
 
-/// Adapters: the trait's default (`supports_lora` false, a step with
-/// adapters refused before anything is broadcast).
 impl Executor for TpDriver {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
@@ -61,13 +65,49 @@ impl Executor for TpDriver {
         batch: &ForwardBatch,
         sampling: &Sampling,
     ) -> Result<StepOutput, ExecError> {
+        self.execute_lora(ops, batch, &LoraStep::default(), sampling)
+    }
+
+    fn supports_lora(&self) -> bool {
+        self.inner.supports_lora()
+    }
+
+    /// Adapters new to the other ranks go first, each once (by id); then
+    /// the step, naming its adapters by id.
+    fn execute_lora(
+        &mut self,
+        ops: &BlockOps,
+        batch: &ForwardBatch,
+        lora: &LoraStep,
+        sampling: &Sampling,
+    ) -> Result<StepOutput, ExecError> {
         if *sampling != Sampling::Host {
             return Err(ExecError::InvalidConfig(
                 "tensor-parallel ranks return logits; the host draws".into(),
             ));
         }
-        self.comm.broadcast(&mut encode_step(ops, batch))?;
-        self.inner.execute(ops, batch, sampling)
+        if !lora.is_empty() {
+            if !self.inner.supports_lora() {
+                return Err(ExecError::InvalidConfig(
+                    "this executor takes no LoRA adapters under tensor parallelism".into(),
+                ));
+            }
+            lora.validate(batch.seqs.len())?;
+            for e in lora.slots.iter().flatten() {
+                if !self.sent.contains(&e.id) {
+                    let mut bytes = Command::Adapter {
+                        id: e.id,
+                        adapter: (*e.adapter).clone(),
+                    }
+                    .encode();
+                    self.comm.broadcast(&mut bytes)?;
+                }
+            }
+            self.sent = lora.slots.iter().flatten().map(|e| e.id).collect();
+        }
+        self.comm
+            .broadcast(&mut encode_step(ops, batch, &LoraIds::of(lora)))?;
+        self.inner.execute_lora(ops, batch, lora, sampling)
     }
 
     fn vocab_size(&self) -> usize {
@@ -86,21 +126,65 @@ impl Executor for TpDriver {
 /// The loop of a rank other than 0: runs each step rank 0 broadcasts until
 /// it says stop. A step that fails validation fails on every rank alike
 /// (logged here; rank 0 reports it); a failed collective ends the loop.
+/// Adapters are kept by id as rank 0 sends them, and, as rank 0 does, only
+/// those of the last slot table once a step names one.
 pub fn run_worker(exec: &mut dyn Executor, comm: &dyn Collective) -> Result<(), ExecError> {
+    let mut adapters: Vec<(LoraId, Arc<LoraAdapter>)> = Vec::new();
     loop {
         let mut bytes = Vec::new();
         comm.broadcast(&mut bytes)?;
-        match Command::decode(&bytes)? {
+        let (ops, batch, ids) = match Command::decode(&bytes)? {
             Command::Shutdown => return Ok(()),
-            Command::Step { ops, batch } => match exec.execute(&ops, &batch, &Sampling::Host) {
-                Ok(_) => {}
-                Err(e @ (ExecError::Collective(_) | ExecError::Gpu(GpuError::Collective(_)))) => {
-                    return Err(e)
-                }
-                Err(e) => tracing::warn!(error = %e, "step refused on this rank"),
-            },
+            Command::Adapter { id, adapter } => {
+                adapters.push((id, Arc::new(adapter)));
+                continue;
+            }
+            Command::Step { ops, batch, lora } => (ops, batch, lora),
+        };
+        let lora = step_adapters(&ids, &mut adapters)?;
+        match exec.execute_lora(&ops, &batch, &lora, &Sampling::Host) {
+            Ok(_) => {}
+            Err(e @ (ExecError::Collective(_) | ExecError::Gpu(GpuError::Collective(_)))) => {
+                return Err(e)
+            }
+            Err(e) => tracing::warn!(error = %e, "step refused on this rank"),
         }
     }
+}
+
+/// A step's [`LoraStep`] from its ids and the adapters rank 0 sent; keeps
+/// only the slot table's adapters when the step names one (rank 0's rule).
+fn step_adapters(
+    ids: &LoraIds,
+    adapters: &mut Vec<(LoraId, Arc<LoraAdapter>)>,
+) -> Result<LoraStep, ExecError> {
+    if ids.slots.is_empty() {
+        return Ok(LoraStep::default());
+    }
+    let slots = ids
+        .slots
+        .iter()
+        .map(|slot| {
+            slot.map(|id| {
+                adapters
+                    .iter()
+                    .find(|(have, _)| *have == id)
+                    .map(|(_, a)| SlotEntry {
+                        id,
+                        adapter: Arc::clone(a),
+                    })
+                    .ok_or_else(|| {
+                        ExecError::Collective(format!("rank 0 never sent adapter {id:?}"))
+                    })
+            })
+            .transpose()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    adapters.retain(|(id, _)| ids.slots.contains(&Some(*id)));
+    Ok(LoraStep {
+        slots,
+        seq_slot: ids.seq_slot.clone(),
+    })
 }
 
 /// Fails on every rank unless all ranks were started with the same
@@ -194,7 +278,11 @@ pub fn build_tp_executor(
 /// Rank 0's executor behind a [`TpDriver`]; the others' as they are.
 fn for_rank(exec: Box<dyn Executor>, comm: Arc<dyn Collective>) -> Box<dyn Executor> {
     if comm.rank() == 0 {
-        Box::new(TpDriver { inner: exec, comm })
+        Box::new(TpDriver {
+            inner: exec,
+            comm,
+            sent: Vec::new(),
+        })
     } else {
         exec
     }

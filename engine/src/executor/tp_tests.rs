@@ -11,9 +11,11 @@ use crate::executor::{
     Sampling, SeqSpan, WeightInput,
 };
 use crate::kv::{BlockCopy, BlockId};
+use crate::model::lora::{LoraId, LoraStep, SlotEntry};
 use crate::model::test_util::{random_weights, tiny_config};
 use crate::model::tp::TpPlan;
 use crate::model::{Dims, InMemory};
+use model_loader::lora::{LoraAdapter, LoraFormat, LoraLayer, LoraPair};
 use model_loader::{ModelConfig, WeightReader, WeightTypes};
 use std::sync::Arc;
 
@@ -183,14 +185,16 @@ fn ranks_that_disagree_all_fail_with_the_difference() {
     });
 }
 
+/// CPU ranks take adapters (see `sharded_adapters_give_the_whole_models_logits`);
+/// device sampling is refused before anything is sent.
 #[test]
-fn adapters_and_device_sampling_are_refused_before_any_broadcast() {
+fn device_sampling_is_refused_before_any_broadcast() {
     let c = tiny_config(false, None);
     with_ranks(
         2,
         |comm| tiny(comm, &c),
         |exec| {
-            assert!(!exec.supports_lora());
+            assert!(exec.supports_lora());
             let e = exec
                 .execute(
                     &BlockOps::default(),
@@ -329,6 +333,24 @@ fn gpu_ranks_agree_on_pool_sizes_and_refuse_device_sampling() {
                     let blocks = exec.num_blocks();
                     if comm.rank() == 0 {
                         assert!(!exec.capabilities().greedy && !exec.capabilities().sampled);
+                        // GPU ranks take no adapters: refused before any broadcast.
+                        assert!(!exec.supports_lora());
+                        let lora = LoraStep {
+                            slots: vec![Some(SlotEntry {
+                                id: LoraId(1),
+                                adapter: Arc::new(random_adapter(c, 1, 2)),
+                            })],
+                            seq_slot: vec![Some(0), None],
+                        };
+                        let e = exec
+                            .execute_lora(
+                                &BlockOps::default(),
+                                &steps_prefill(),
+                                &lora,
+                                &Sampling::Host,
+                            )
+                            .expect_err("adapters on GPU ranks");
+                        assert!(e.to_string().contains("no LoRA adapters"), "{e}");
                         let e = exec
                             .execute(
                                 &BlockOps::default(),
@@ -476,6 +498,122 @@ fn gpu_ranks_with_a_device_all_reduce_replay_graphs_and_match() {
                     (g - s).abs() < 1e-4,
                     "tp {world} step {step}: {g} vs {s} (staged)"
                 );
+            }
+        }
+    }
+}
+
+/// A random adapter of `rank` on every target of every layer of `c`.
+fn random_adapter(c: &ModelConfig, seed: u64, rank: usize) -> LoraAdapter {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let (h, hd, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
+    let (q, kv) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+    let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-0.3..0.3)).collect() };
+    let shapes = [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)];
+    let layers = (0..c.num_hidden_layers)
+        .map(|_| {
+            let mut l = LoraLayer::default();
+            for (pair, &(out, inp)) in l.pairs.iter_mut().zip(&shapes) {
+                *pair = Some(LoraPair {
+                    a: rand(rank * inp),
+                    b: rand(out * rank),
+                });
+            }
+            l
+        })
+        .collect();
+    LoraAdapter {
+        format: LoraFormat::Peft,
+        rank,
+        alpha: rank as f32,
+        scale: 1.0,
+        base_model: None,
+        layers,
+    }
+}
+
+/// The prefill and decodes of [`decode_steps`] with adapters: two in the
+/// slots, then slot 0 refilled by a third (sent to the ranks then, the
+/// first dropped), a step with none, and one with the base model beside an
+/// adapter.
+fn lora_steps(exec: &mut dyn Executor, c: &ModelConfig) -> Vec<Vec<f32>> {
+    let a: Vec<Arc<LoraAdapter>> = [(1, 4), (2, 8), (3, 2)]
+        .iter()
+        .map(|&(seed, r)| Arc::new(random_adapter(c, seed, r)))
+        .collect();
+    let slot = |i: usize| {
+        Some(SlotEntry {
+            id: LoraId(i as u32 + 10),
+            adapter: Arc::clone(&a[i]),
+        })
+    };
+    let steps = [
+        (vec![slot(0), slot(1)], vec![Some(0), Some(1)]),
+        (vec![slot(2), slot(1)], vec![Some(1), Some(0)]),
+        (vec![], vec![]),
+        (vec![slot(2), slot(1)], vec![None, Some(0)]),
+    ];
+    let mut out = Vec::new();
+    for (i, (slots, seq_slot)) in steps.into_iter().enumerate() {
+        let batch = if i == 0 {
+            steps_prefill()
+        } else {
+            let (p0, p1) = (4 + i, 3 + i);
+            ForwardBatch {
+                token_ids: vec![20 + i as u32, 30 + i as u32],
+                positions: vec![p0, p1],
+                slot_mapping: vec![p0, 8 + p1],
+                seqs: vec![
+                    SeqSpan {
+                        query_len: 1,
+                        context_len: p0 + 1,
+                        block_table: vec![BlockId(0), BlockId(1)],
+                    },
+                    SeqSpan {
+                        query_len: 1,
+                        context_len: p1 + 1,
+                        block_table: vec![BlockId(2), BlockId(3)],
+                    },
+                ],
+                logits_rows: vec![0, 1],
+            }
+        };
+        let lora = LoraStep { slots, seq_slot };
+        let l = exec
+            .execute_lora(&BlockOps::default(), &batch, &lora, &Sampling::Host)
+            .and_then(|o| o.into_logits())
+            .expect("step with adapters");
+        out.push(l.data);
+    }
+    out
+}
+
+/// LoRA under tensor parallelism: each rank holds its slice of every
+/// adapter (B's rows for q/k/v and gate/up, A's columns for o and down),
+/// adapters reach the ranks once and follow the slot table; the logits
+/// over 2 and 3 ranks equal one rank's, and differ from the base model's.
+#[test]
+fn sharded_adapters_give_the_whole_models_logits() {
+    for bias in [false, true] {
+        let c = tiny_config(bias, None);
+        let want = with_ranks(1, |comm| tiny(comm, &c), |e| lora_steps(e, &c));
+        let base = with_ranks(1, |comm| tiny(comm, &c), decode_steps);
+        let moved = want[0]
+            .iter()
+            .zip(&base[0])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(moved > 1e-2, "the adapters change nothing ({moved})");
+        for world in [2, 3] {
+            let got = with_ranks(world, |comm| tiny(comm, &c), |e| lora_steps(e, &c));
+            for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+                for (g, w) in g.iter().zip(w) {
+                    assert!(
+                        (g - w).abs() < 1e-4,
+                        "tp {world} bias {bias} step {step}: {g} vs {w}"
+                    );
+                }
             }
         }
     }

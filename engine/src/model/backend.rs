@@ -20,6 +20,7 @@
 //! Cost: whatever the backend's kernels cost; the seam itself is one
 //! dynamic-free call per operation (generic, monomorphised per backend).
 
+use super::lora::LoraTarget;
 use super::ops::RopeTables;
 use model_loader::Weight;
 
@@ -168,19 +169,30 @@ pub trait Backend {
         accumulate: bool,
     ) -> Result<(), Self::Error>;
 
-    /// A row-parallel layer (o_proj, down_proj): as [`Self::linear`], and
-    /// under tensor parallelism each rank holds a slice of `w`'s input
-    /// features, so the ranks' partial products are summed (an all-reduce;
-    /// with `accumulate`, `out` is added once, not once per rank). The
-    /// default, for a backend without tensor parallelism, is `linear`.
+    /// A row-parallel layer (o_proj, down_proj) with its LoRA delta
+    /// (`adapter`: the layer and the target it adapts): as [`Self::linear`]
+    /// then [`Self::lora`]. Under tensor parallelism each rank holds a
+    /// slice of `w`'s input features (and of its adapters' A), so the
+    /// ranks' partial products, deltas included, are summed (an
+    /// all-reduce; with `accumulate`, `out` is added once, not once per
+    /// rank). The default, for a backend without tensor parallelism, is
+    /// `linear` then `lora`.
     fn linear_row_parallel(
         &mut self,
         out: Act,
         x: Act,
         w: &<Self::Format as Format>::Matrix,
         accumulate: bool,
+        adapter: (usize, LoraTarget),
     ) -> Result<(), Self::Error> {
-        self.linear(out, x, w, accumulate)
+        self.linear(out, x, w, accumulate)?;
+        let (layer, target) = adapter;
+        self.lora(
+            out,
+            x,
+            layer,
+            &[super::lora::LoraCols { target, offset: 0 }],
+        )
     }
 
     /// LoRA: right after the linear layer of layer `layer` that wrote

@@ -19,7 +19,7 @@ use super::batch::validate;
 use super::kv_cache::{KvCache, KvGeometry};
 use super::linear::{Linear, LinearWeight};
 use super::lora::kernel::{apply, Prepared, RowGroups};
-use super::lora::LoraCols;
+use super::lora::{LoraCols, LoraTarget};
 use super::ops::{embed, gelu_tanh_mul, rms_norm, rms_norm_in_place, silu_mul, RopeTables};
 use super::par;
 use super::quant::{ActPrecision, Isa, QMatrix};
@@ -392,13 +392,19 @@ impl Backend for CpuStep<'_> {
         x: Act,
         w: &Linear,
         accumulate: bool,
+        (layer, target): (usize, LoraTarget),
     ) -> Result<(), ExecError> {
+        let cols = [LoraCols { target, offset: 0 }];
         let Some(tp) = self.tp else {
-            return self.linear(out, x, w, accumulate);
+            self.linear(out, x, w, accumulate)?;
+            return self.lora(out, x, layer, &cols);
         };
         // Rank 0 adds into `out`, the others overwrite it with their
-        // partial product: the sum is `out + sum of partials`.
+        // partial product: the sum is `out + sum of partials`. An
+        // adapter's delta is linear in `x` too: each rank adds its slice's
+        // (`x_r A_r^T B^T`, its A cut as `w` is) before the sum.
         self.linear(out, x, w, accumulate && tp.comm.rank() == 0)?;
+        self.lora(out, x, layer, &cols)?;
         tp.comm.all_reduce_sum(&mut self.bufs[out.index()])
     }
 

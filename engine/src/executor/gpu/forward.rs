@@ -46,7 +46,7 @@ use super::GpuError;
 use crate::executor::{ForwardBatch, GreedyRow, Logits, SeqSpan};
 use crate::kv::BlockId;
 use crate::model::backend::{Act, ActWidths, Backend, Gate, LayerAttn};
-use crate::model::lora::LoraCols;
+use crate::model::lora::{LoraCols, LoraTarget};
 use crate::model::tp::TpRank;
 use crate::model::{Dims, Model};
 use gpu_kernels::{launch as geom, KernelArg, LaunchConfig};
@@ -585,13 +585,14 @@ impl Backend for GpuStep<'_, '_> {
         x: Act,
         w: &GpuMatrix,
         accumulate: bool,
+        (layer, target): (usize, LoraTarget),
     ) -> Result<(), GpuError> {
-        let Some(tp) = self.p.tp else {
-            return self.linear(out, x, w, accumulate);
-        };
         // Rank 0 adds into `out`, the others overwrite it with their
-        // partial product: the sum is `out + sum of partials`.
-        self.linear(out, x, w, accumulate && tp.comm.rank() == 0)?;
+        // partial product: the sum is `out + sum of partials`. (Under
+        // tensor parallelism a step has no adapters: the ranks refuse them.)
+        let rank0 = self.p.tp.is_none_or(|tp| tp.comm.rank() == 0);
+        self.linear(out, x, w, accumulate && rank0)?;
+        self.lora(out, x, layer, &[LoraCols { target, offset: 0 }])?;
         self.all_reduce(self.at(out), self.n() * w.rows)
     }
 

@@ -157,15 +157,20 @@ impl<F: Format> Gemma3<F> {
                 window: l.local.then_some(self.params.sliding_window),
             };
             b.attention(Act::Attn, Act::Qkv, &attn)?;
-            b.linear_row_parallel(Act::Branch, Act::Attn, &blk.o, false)?;
-            b.lora(Act::Branch, Act::Attn, layer, &lora::one(LoraTarget::O))?;
+            b.linear_row_parallel(
+                Act::Branch,
+                Act::Attn,
+                &blk.o,
+                false,
+                (layer, LoraTarget::O),
+            )?;
             b.add_rms_norm(Act::Residual, Act::Branch, &l.post_attn_norm, eps)?;
             b.rms_norm(Act::Normed, Act::Residual, &blk.ffn_norm, eps)?;
             b.linear(Act::GateUp, Act::Normed, &blk.gate_up, false)?;
             b.lora(Act::GateUp, Act::Normed, layer, &lora::gate_up(d))?;
             b.gated(Act::Gated, Act::GateUp, Gate::GeluTanh)?;
-            b.linear_row_parallel(Act::Branch, Act::Gated, &blk.down, false)?;
-            b.lora(Act::Branch, Act::Gated, layer, &lora::one(LoraTarget::Down))?;
+            let down = (layer, LoraTarget::Down);
+            b.linear_row_parallel(Act::Branch, Act::Gated, &blk.down, false, down)?;
             b.add_rms_norm(Act::Residual, Act::Branch, &l.post_ffn_norm, eps)?;
         }
         b.logits(Act::Residual, &self.ends.final_norm, self.ends.head(), eps)

@@ -97,19 +97,13 @@ impl<F: Format> Llama<F> {
                 window: self.window(),
             };
             b.attention(Act::Attn, Act::Qkv, &attn)?;
-            b.linear_row_parallel(Act::Residual, Act::Attn, &l.o, true)?;
-            b.lora(Act::Residual, Act::Attn, layer, &lora::one(LoraTarget::O))?;
+            b.linear_row_parallel(Act::Residual, Act::Attn, &l.o, true, (layer, LoraTarget::O))?;
             b.rms_norm(Act::Normed, Act::Residual, &l.ffn_norm, eps)?;
             b.linear(Act::GateUp, Act::Normed, &l.gate_up, false)?;
             b.lora(Act::GateUp, Act::Normed, layer, &lora::gate_up(d))?;
             b.gated(Act::Gated, Act::GateUp, Gate::Silu)?;
-            b.linear_row_parallel(Act::Residual, Act::Gated, &l.down, true)?;
-            b.lora(
-                Act::Residual,
-                Act::Gated,
-                layer,
-                &lora::one(LoraTarget::Down),
-            )?;
+            let down = (layer, LoraTarget::Down);
+            b.linear_row_parallel(Act::Residual, Act::Gated, &l.down, true, down)?;
         }
         b.logits(Act::Residual, &self.ends.final_norm, self.ends.head(), eps)
     }

@@ -11,6 +11,7 @@ pub mod shard;
 pub use plan::{RankShard, TpPlan};
 pub use shard::ShardSource;
 
+use super::lora::{LoraAdapter, LoraTarget};
 use crate::dist::Collective;
 use engine_core::{ExecError, Logits};
 use std::sync::Arc;
@@ -53,6 +54,45 @@ impl TpRank {
                 data: Vec::new(),
             }
         })
+    }
+}
+
+impl TpRank {
+    /// This rank's slice of adapter `a`, cut as the layers it adapts are:
+    /// for the column-parallel targets (q, k, v by head, gate and up by FFN
+    /// column) the rows of B; for the row-parallel ones (o, down) the
+    /// columns of A, whose partial deltas the layer's all-reduce sums.
+    pub fn shard_adapter(&self, a: &LoraAdapter) -> LoraAdapter {
+        let s = self.shard();
+        let hd = self.plan.head_dim;
+        let heads = |h: &std::ops::Range<usize>| h.start * hd..h.end * hd;
+        let r = a.rank;
+        let mut out = a.clone();
+        for layer in &mut out.layers {
+            for (t, pair) in LoraTarget::ALL.iter().zip(layer.pairs.iter_mut()) {
+                let Some(p) = pair else { continue };
+                let cut_b =
+                    |rows: std::ops::Range<usize>| p.b[rows.start * r..rows.end * r].to_vec();
+                let cut_a = |cols: std::ops::Range<usize>| {
+                    let inp = p.a.len() / r.max(1);
+                    (0..r)
+                        .flat_map(|k| {
+                            p.a[k * inp + cols.start..k * inp + cols.end]
+                                .iter()
+                                .copied()
+                        })
+                        .collect::<Vec<f32>>()
+                };
+                match t {
+                    LoraTarget::Q => p.b = cut_b(heads(&s.q_heads)),
+                    LoraTarget::K | LoraTarget::V => p.b = cut_b(heads(&s.kv_heads)),
+                    LoraTarget::Gate | LoraTarget::Up => p.b = cut_b(s.inter.clone()),
+                    LoraTarget::O => p.a = cut_a(heads(&s.q_heads)),
+                    LoraTarget::Down => p.a = cut_a(s.inter.clone()),
+                }
+            }
+        }
+        out
     }
 }
 
