@@ -7,7 +7,6 @@
 //! a LoRA adapter's weights once, before the first step that uses it
 //! (`r x (in + out)` floats per adapted matrix).
 
-use crate::model::lora::LoraStep;
 use engine_core::{BlockCopy, BlockId, BlockOps, ExecError, ForwardBatch, LoraId, SeqSpan};
 use model_loader::lora::{LoraAdapter, LoraFormat, LoraLayer, LoraPair};
 
@@ -28,31 +27,14 @@ pub enum Command {
     Shutdown,
 }
 
-/// A step's adapters by id: [`LoraStep`] without the weights, which the
-/// ranks already hold ([`Command::Adapter`]).
+/// A step's adapters by id: the executor's `LoraStep` without the weights,
+/// which the ranks already hold ([`Command::Adapter`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoraIds {
     /// The slot table (`None`: empty slot). Empty when no row is adapted.
     pub slots: Vec<Option<LoraId>>,
     /// Per sequence, its slot (`LoraStep::seq_slot`).
     pub seq_slot: Vec<Option<u32>>,
-}
-
-impl LoraIds {
-    /// The ids of `step`; nothing when no sequence uses an adapter.
-    pub fn of(step: &LoraStep) -> Self {
-        if step.is_empty() {
-            return Self::default();
-        }
-        Self {
-            slots: step
-                .slots
-                .iter()
-                .map(|s| s.as_ref().map(|e| e.id))
-                .collect(),
-            seq_slot: step.seq_slot.clone(),
-        }
-    }
 }
 
 const STEP: u8 = 1;
@@ -194,8 +176,8 @@ pub fn encode_step(ops: &BlockOps, batch: &ForwardBatch, lora: &LoraIds) -> Vec<
     w
 }
 
-/// The bytes of [`Command::Adapter`].
-fn encode_adapter(id: LoraId, a: &LoraAdapter) -> Vec<u8> {
+/// The bytes of [`Command::Adapter`], written from a borrow.
+pub fn encode_adapter(id: LoraId, a: &LoraAdapter) -> Vec<u8> {
     let mut w = vec![ADAPTER];
     put(&mut w, id.0 as usize);
     w.push(match a.format {

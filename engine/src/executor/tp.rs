@@ -28,7 +28,7 @@ use super::{
     BlockOps, BuildError, BuiltExecutor, Capabilities, ExecError, Executor, ForwardBatch, Sampling,
     StepOutput,
 };
-use crate::dist::wire::{encode_step, Command, LoraIds};
+use crate::dist::wire::{encode_adapter, encode_step, Command, LoraIds};
 use crate::dist::Collective;
 use crate::model::lora::{LoraAdapter, LoraId, LoraStep, SlotEntry};
 use crate::model::tp::{ShardSource, TpPlan, TpRank};
@@ -95,18 +95,13 @@ impl Executor for TpDriver {
             lora.validate(batch.seqs.len())?;
             for e in lora.slots.iter().flatten() {
                 if !self.sent.contains(&e.id) {
-                    let mut bytes = Command::Adapter {
-                        id: e.id,
-                        adapter: (*e.adapter).clone(),
-                    }
-                    .encode();
-                    self.comm.broadcast(&mut bytes)?;
+                    self.comm.broadcast(&mut encode_adapter(e.id, &e.adapter))?;
                 }
             }
             self.sent = lora.slots.iter().flatten().map(|e| e.id).collect();
         }
         self.comm
-            .broadcast(&mut encode_step(ops, batch, &LoraIds::of(lora)))?;
+            .broadcast(&mut encode_step(ops, batch, &lora_ids(lora)))?;
         self.inner.execute_lora(ops, batch, lora, sampling)
     }
 
@@ -149,6 +144,21 @@ pub fn run_worker(exec: &mut dyn Executor, comm: &dyn Collective) -> Result<(), 
             }
             Err(e) => tracing::warn!(error = %e, "step refused on this rank"),
         }
+    }
+}
+
+/// The ids of `step`'s adapters (nothing when no sequence uses one).
+fn lora_ids(step: &LoraStep) -> LoraIds {
+    if step.is_empty() {
+        return LoraIds::default();
+    }
+    LoraIds {
+        slots: step
+            .slots
+            .iter()
+            .map(|s| s.as_ref().map(|e| e.id))
+            .collect(),
+        seq_slot: step.seq_slot.clone(),
     }
 }
 

@@ -389,6 +389,30 @@ fn gpu_ranks_agree_on_pool_sizes_and_refuse_device_sampling() {
     assert_eq!(counts[0], (64, (1 << 20) / per_block));
 }
 
+/// A decode step of the two sequences of [`steps_prefill`]: `tokens` at
+/// positions `a` (sequence 0, blocks 0-1) and `b` (sequence 1, blocks
+/// 2-3), both in their second block (block size 4: positions 4-7).
+fn two_decodes(tokens: [u32; 2], a: usize, b: usize) -> ForwardBatch {
+    ForwardBatch {
+        token_ids: tokens.to_vec(),
+        positions: vec![a, b],
+        slot_mapping: vec![a, 8 + b],
+        seqs: vec![
+            SeqSpan {
+                query_len: 1,
+                context_len: a + 1,
+                block_table: vec![BlockId(0), BlockId(1)],
+            },
+            SeqSpan {
+                query_len: 1,
+                context_len: b + 1,
+                block_table: vec![BlockId(2), BlockId(3)],
+            },
+        ],
+        logits_rows: vec![0, 1],
+    }
+}
+
 /// Two sequences prefilled, then 3 decode steps of both (the same graph
 /// bucket each time): every logit row of every step.
 fn decode_steps(exec: &mut dyn Executor) -> Vec<Vec<f32>> {
@@ -399,27 +423,7 @@ fn decode_steps(exec: &mut dyn Executor) -> Vec<Vec<f32>> {
             .data,
     ];
     for i in 0..3 {
-        // Block size 4: sequence 0's positions 5-7 in block 1 (slots 5-7),
-        // sequence 1's 4-6 in block 3 (slots 12-14).
-        let (a, b) = (5 + i, 4 + i);
-        let decode = ForwardBatch {
-            token_ids: vec![40 + i as u32, 60 + i as u32],
-            positions: vec![a, b],
-            slot_mapping: vec![a, 8 + b],
-            seqs: vec![
-                SeqSpan {
-                    query_len: 1,
-                    context_len: a + 1,
-                    block_table: vec![BlockId(0), BlockId(1)],
-                },
-                SeqSpan {
-                    query_len: 1,
-                    context_len: b + 1,
-                    block_table: vec![BlockId(2), BlockId(3)],
-                },
-            ],
-            logits_rows: vec![0, 1],
-        };
+        let decode = two_decodes([40 + i as u32, 60 + i as u32], 5 + i, 4 + i);
         let l = exec
             .execute(&BlockOps::default(), &decode, &Sampling::Host)
             .and_then(|o| o.into_logits())
@@ -556,28 +560,9 @@ fn lora_steps(exec: &mut dyn Executor, c: &ModelConfig) -> Vec<Vec<f32>> {
     ];
     let mut out = Vec::new();
     for (i, (slots, seq_slot)) in steps.into_iter().enumerate() {
-        let batch = if i == 0 {
-            steps_prefill()
-        } else {
-            let (p0, p1) = (4 + i, 3 + i);
-            ForwardBatch {
-                token_ids: vec![20 + i as u32, 30 + i as u32],
-                positions: vec![p0, p1],
-                slot_mapping: vec![p0, 8 + p1],
-                seqs: vec![
-                    SeqSpan {
-                        query_len: 1,
-                        context_len: p0 + 1,
-                        block_table: vec![BlockId(0), BlockId(1)],
-                    },
-                    SeqSpan {
-                        query_len: 1,
-                        context_len: p1 + 1,
-                        block_table: vec![BlockId(2), BlockId(3)],
-                    },
-                ],
-                logits_rows: vec![0, 1],
-            }
+        let batch = match i {
+            0 => steps_prefill(),
+            i => two_decodes([20 + i as u32, 30 + i as u32], 4 + i, 3 + i),
         };
         let lora = LoraStep { slots, seq_slot };
         let l = exec
