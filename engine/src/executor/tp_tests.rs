@@ -333,24 +333,7 @@ fn gpu_ranks_agree_on_pool_sizes_and_refuse_device_sampling() {
                     let blocks = exec.num_blocks();
                     if comm.rank() == 0 {
                         assert!(!exec.capabilities().greedy && !exec.capabilities().sampled);
-                        // GPU ranks take no adapters: refused before any broadcast.
-                        assert!(!exec.supports_lora());
-                        let lora = LoraStep {
-                            slots: vec![Some(SlotEntry {
-                                id: LoraId(1),
-                                adapter: Arc::new(random_adapter(c, 1, 2)),
-                            })],
-                            seq_slot: vec![Some(0), None],
-                        };
-                        let e = exec
-                            .execute_lora(
-                                &BlockOps::default(),
-                                &steps_prefill(),
-                                &lora,
-                                &Sampling::Host,
-                            )
-                            .expect_err("adapters on GPU ranks");
-                        assert!(e.to_string().contains("no LoRA adapters"), "{e}");
+                        assert!(exec.supports_lora());
                         let e = exec
                             .execute(
                                 &BlockOps::default(),
@@ -577,7 +560,8 @@ fn lora_steps(exec: &mut dyn Executor, c: &ModelConfig) -> Vec<Vec<f32>> {
 /// LoRA under tensor parallelism: each rank holds its slice of every
 /// adapter (B's rows for q/k/v and gate/up, A's columns for o and down),
 /// adapters reach the ranks once and follow the slot table; the logits
-/// over 2 and 3 ranks equal one rank's, and differ from the base model's.
+/// over 2 and 3 CPU ranks and 1-3 emulated GPU ranks equal one CPU rank's,
+/// and differ from the base model's.
 #[test]
 fn sharded_adapters_give_the_whole_models_logits() {
     for bias in [false, true] {
@@ -590,13 +574,26 @@ fn sharded_adapters_give_the_whole_models_logits() {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         assert!(moved > 1e-2, "the adapters change nothing ({moved})");
-        for world in [2, 3] {
-            let got = with_ranks(world, |comm| tiny(comm, &c), |e| lora_steps(e, &c));
+        let cpu = |comm: Arc<dyn Collective>| tiny(comm, &c);
+        let gpu = |comm: Arc<dyn Collective>| tiny_gpu(comm, &c, DType::F32);
+        let runs: [(
+            &str,
+            usize,
+            &(dyn Fn(Arc<dyn Collective>) -> Box<dyn Executor> + Sync),
+        ); 5] = [
+            ("cpu", 2, &cpu),
+            ("cpu", 3, &cpu),
+            ("gpu", 1, &gpu),
+            ("gpu", 2, &gpu),
+            ("gpu", 3, &gpu),
+        ];
+        for (kind, world, build) in runs {
+            let got = with_ranks(world, build, |e| lora_steps(e, &c));
             for (step, (g, w)) in got.iter().zip(&want).enumerate() {
                 for (g, w) in g.iter().zip(w) {
                     assert!(
                         (g - w).abs() < 1e-4,
-                        "tp {world} bias {bias} step {step}: {g} vs {w}"
+                        "{kind} tp {world} bias {bias} step {step}: {g} vs {w}"
                     );
                 }
             }

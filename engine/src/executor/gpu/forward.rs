@@ -588,8 +588,9 @@ impl Backend for GpuStep<'_, '_> {
         (layer, target): (usize, LoraTarget),
     ) -> Result<(), GpuError> {
         // Rank 0 adds into `out`, the others overwrite it with their
-        // partial product: the sum is `out + sum of partials`. (Under
-        // tensor parallelism a step has no adapters: the ranks refuse them.)
+        // partial product: the sum is `out + sum of partials`. An
+        // adapter's delta is linear in `x` too: each rank adds its slice's
+        // (`x_r A_r^T B^T`, its A cut as `w` is) before the sum.
         let rank0 = self.p.tp.is_none_or(|tp| tp.comm.rank() == 0);
         self.linear(out, x, w, accumulate && rank0)?;
         self.lora(out, x, layer, &[LoraCols { target, offset: 0 }])?;

@@ -49,6 +49,7 @@ use super::forward::ensure;
 use super::GpuError;
 use crate::executor::{ExecError, ForwardBatch};
 use crate::model::lora::{LoraAdapter, LoraCols, LoraId, LoraStep, LoraTarget};
+use crate::model::tp::TpRank;
 use crate::model::Dims;
 use gpu_kernels::{launch as geom, KernelArg};
 
@@ -174,13 +175,17 @@ impl GpuLora {
     /// adapters whose slot changed), uploads the rows' slots of `batch`, and
     /// returns what the step's launches need. `step` was validated against
     /// `batch` and has adapters.
+    ///
+    /// Under tensor parallelism (`tp`: the model is this rank's shard) a
+    /// slot holds this rank's slice of its adapter
+    /// ([`TpRank::shard_adapter`]).
     pub fn prepare(
         &mut self,
         dev: &mut dyn Device,
-        d: &Dims,
-        dtype: DType,
+        (d, dtype): (&Dims, DType),
         step: &LoraStep,
         batch: &ForwardBatch,
+        tp: Option<&TpRank>,
     ) -> Result<LoraRun<'_>, ExecError> {
         let kernels = match self.kernels {
             Some(k) => k,
@@ -190,7 +195,7 @@ impl GpuLora {
                 k
             }
         };
-        self.fill_slots(dev, d, dtype, step)?;
+        self.fill_slots(dev, (d, dtype), step, tp)?;
         let rows = self.upload_rows(dev, step, batch)?;
         let tokens = batch.token_ids.len();
         let t = ensure(dev, &mut self.t, tokens * self.max_rank * 4)?;
@@ -226,9 +231,9 @@ impl GpuLora {
     fn fill_slots(
         &mut self,
         dev: &mut dyn Device,
-        d: &Dims,
-        dtype: DType,
+        (d, dtype): (&Dims, DType),
         step: &LoraStep,
+        tp: Option<&TpRank>,
     ) -> Result<(), ExecError> {
         let slots = step.slots.len();
         let rank = step
@@ -252,7 +257,12 @@ impl GpuLora {
                 Some(e) => {
                     self.ids[s] = None;
                     self.clear_slot(s);
-                    self.upload_slot(dev, d, dtype, s, &e.adapter)?;
+                    match tp {
+                        Some(tp) => {
+                            self.upload_slot(dev, d, dtype, s, &tp.shard_adapter(&e.adapter))?
+                        }
+                        None => self.upload_slot(dev, d, dtype, s, &e.adapter)?,
+                    }
                     self.scales[s] = e.adapter.scale;
                     self.ids[s] = Some(e.id);
                     self.fills += 1;

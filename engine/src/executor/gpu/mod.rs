@@ -137,7 +137,8 @@ impl<D: Device> GpuExecutor<D> {
     /// same time: the profile run meets the other ranks in its collectives,
     /// and the ranks agree on the smallest pool sizes, so that block ids
     /// mean the same on every rank. Steps return logits only (rank 0 gets
-    /// the whole vocabulary's; the host draws), adapters are refused, and
+    /// the whole vocabulary's; the host draws), a slot holds this rank's
+    /// slice of its adapter, and
     /// decode steps run as CUDA graphs only where the device all-reduces
     /// itself ([`Device::has_all_reduce`]: NCCL; the graph holds its calls).
     pub fn load_sharded(
@@ -386,15 +387,13 @@ impl<D: Device> GpuExecutor<D> {
             self.dims.vocab,
             self.max_positions,
         )?;
-        if !lora.is_empty() {
-            return self.lora_step(batch, lora, out);
-        }
-        let step = match self.graphs.bucket_of(batch) {
-            Some(bucket) => self.graph_step(batch, bucket, out)?,
-            None => {
-                let (dev, scratch, parts) = self.split();
-                forward::run_to(dev, &parts, scratch, batch, out)?
-            }
+        let step = if !lora.is_empty() {
+            self.lora_step(batch, lora, out)?
+        } else if let Some(bucket) = self.graphs.bucket_of(batch) {
+            self.graph_step(batch, bucket, out)?
+        } else {
+            let (dev, scratch, parts) = self.split();
+            forward::run_to(dev, &parts, scratch, batch, out)?
         };
         self.gathered(step)
     }
@@ -424,9 +423,13 @@ impl<D: Device> GpuExecutor<D> {
     ) -> Result<forward::StepOut, ExecError> {
         // `run` borrows the slot table, so the parts are built field by
         // field here rather than through `split` (which borrows all of self).
-        let run = self
-            .lora
-            .prepare(&mut self.dev, &self.dims, self.dtype, lora, batch)?;
+        let run = self.lora.prepare(
+            &mut self.dev,
+            (&self.dims, self.dtype),
+            lora,
+            batch,
+            self.tp.as_ref(),
+        )?;
         let parts = Parts {
             kernels: &self.kernels,
             model: &self.model,
@@ -434,7 +437,7 @@ impl<D: Device> GpuExecutor<D> {
             dtype: self.dtype,
             kv: &self.kv,
             lora: Some(&run),
-            tp: None,
+            tp: self.tp.as_ref(),
         };
         Ok(forward::run_to(
             &mut self.dev,
@@ -529,7 +532,7 @@ impl<D: Device> Executor for GpuExecutor<D> {
     }
 
     fn supports_lora(&self) -> bool {
-        self.tp.is_none()
+        true
     }
 
     fn execute_lora(
@@ -542,9 +545,9 @@ impl<D: Device> Executor for GpuExecutor<D> {
         lora.validate(batch.seqs.len())?;
         // A rank refuses before its forward pass meets the other ranks'
         // collectives (which would wait for a step they never run).
-        if self.tp.is_some() && (*sampling != Sampling::Host || !lora.is_empty()) {
+        if self.tp.is_some() && *sampling != Sampling::Host {
             return Err(ExecError::InvalidConfig(
-                "tensor-parallel ranks return logits without adapters; the host draws".into(),
+                "tensor-parallel ranks return logits; the host draws".into(),
             ));
         }
         match sampling {
