@@ -490,6 +490,9 @@ fn gpu_ranks_with_a_device_all_reduce_replay_graphs_and_match() {
     }
 }
 
+/// Builds a rank's executor from its collectives.
+type Build<'a> = dyn Fn(Arc<dyn Collective>) -> Box<dyn Executor> + Sync + 'a;
+
 /// A random adapter of `rank` on every target of every layer of `c`.
 fn random_adapter(c: &ModelConfig, seed: u64, rank: usize) -> LoraAdapter {
     use rand::{Rng, SeedableRng};
@@ -576,11 +579,7 @@ fn sharded_adapters_give_the_whole_models_logits() {
         assert!(moved > 1e-2, "the adapters change nothing ({moved})");
         let cpu = |comm: Arc<dyn Collective>| tiny(comm, &c);
         let gpu = |comm: Arc<dyn Collective>| tiny_gpu(comm, &c, DType::F32);
-        let runs: [(
-            &str,
-            usize,
-            &(dyn Fn(Arc<dyn Collective>) -> Box<dyn Executor> + Sync),
-        ); 5] = [
+        let runs: [(&str, usize, &Build<'_>); 5] = [
             ("cpu", 2, &cpu),
             ("cpu", 3, &cpu),
             ("gpu", 1, &gpu),
