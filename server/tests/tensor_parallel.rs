@@ -2,8 +2,9 @@
 //! `mpi`; CI installs MPICH): greedy ids over 2 and 3 ranks equal one
 //! rank's on the golden prompts, for SmolLM2 (quantized and float32),
 //! Qwen2.5-Coder-0.5B (uneven FFN blocks) and Gemma-3-270M (its one KV
-//! head replicated), all through HTTP on rank 0, and with LoRA adapters
-//! (SmolLM2); a rank killed
+//! head replicated), all through HTTP on rank 0, with LoRA adapters and
+//! with chunked prefill, preemption, prefix caching, async scheduling,
+//! beam search and structured outputs (SmolLM2); a rank killed
 //! mid-request ends the whole job, bounded, the client getting an error;
 //! and started without `mpiexec`, the server is the HTTP front of its own
 //! job (`--distributed-executor-backend mp`, the default, or `mpi`): the
@@ -309,6 +310,81 @@ fn lora_adapters_over_ranks() {
     for ((n, g), w) in names.iter().zip(&got).zip(&want) {
         assert_eq!(g, w, "adapter {n} over 2 ranks");
     }
+}
+
+/// A counter of rank 0's `/metrics`.
+fn counter(job: &Job, name: &str) -> f64 {
+    let (_, text) = http(job.addr(), "GET", "/metrics", None).expect("metrics");
+    text.lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}
+
+/// The completions' texts of one request.
+fn texts(job: &Job, body: &Value) -> Vec<String> {
+    let (status, text) = http(job.addr(), "POST", "/v1/completions", Some(body)).expect("response");
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("json");
+    v["choices"]
+        .as_array()
+        .expect("choices")
+        .iter()
+        .map(|c| c["text"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// What the scheduler does besides plain decoding keeps working over
+/// ranks, 2 answering as 1 does: chunked prefill (32-token chunks of
+/// 37-41-token prompts), preemption by recompute (12 KV blocks for 4
+/// requests needing 6 each), prefix-cache hits (the same prompts again),
+/// async scheduling, beam search and structured outputs.
+#[test]
+fn scheduler_features_over_ranks() {
+    if !mpiexec_available() {
+        eprintln!("SKIP tensor parallel: no mpiexec (apt-get install mpich)");
+        return;
+    }
+    let Some(path) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let extra = [
+        "--max-num-batched-tokens",
+        "32",
+        "--num-gpu-blocks-override",
+        "12",
+        "--preemption-mode",
+        "recompute",
+        "--async-scheduling",
+    ];
+    let prompts = &fixture("smollm2_golden.json")[..4];
+    let beam = json!({"prompt": "The capital of France is", "max_tokens": 8, "n": 2,
+        "best_of": 3, "use_beam_search": true, "temperature": 0, "ignore_eos": true});
+    let schema = json!({"type": "object", "properties": {"people": {"type": "integer",
+        "maximum": 99999999}}, "required": ["people"], "additionalProperties": false});
+    let structured = json!({"prompt": "How many people live in Paris? As JSON:",
+        "max_tokens": 60, "temperature": 0, "guided_json": schema});
+    let run = |ranks: usize| {
+        let job = launch(ranks, &path, &extra);
+        let first = greedy(&job, prompts, 48);
+        let again = greedy(&job, prompts, 48);
+        let answers = (first, again, texts(&job, &beam), texts(&job, &structured));
+        let preempted = counter(&job, "vllm:num_preemptions_total");
+        let hits = counter(&job, "vllm:prefix_cache_hits_total");
+        (answers, preempted, hits)
+    };
+    let (want, preempted, hits) = run(1);
+    assert!(preempted > 0.0, "no preemption with 12 blocks");
+    assert!(hits > 0.0, "no prefix-cache hit");
+    assert_eq!(want.0, want.1, "the same prompts again (prefix-cache hits)");
+    let obj: Value = serde_json::from_str(&want.3[0]).expect("structured output is JSON");
+    assert!(obj["people"].is_i64(), "{obj}");
+    let (got, preempted2, _) = run(2);
+    assert!(preempted2 > 0.0, "no preemption over 2 ranks");
+    assert_eq!(got.0, want.0, "greedy under preemption, 2 ranks");
+    assert_eq!(got.1, want.1, "prefix-cache hits, 2 ranks");
+    assert_eq!(got.2, want.2, "beam search, 2 ranks");
+    assert_eq!(got.3, want.3, "structured output, 2 ranks");
 }
 
 #[test]
