@@ -102,16 +102,13 @@ fn launch_as(start: Start, ranks: usize, model: &Path, extra: &[&str]) -> Job {
         }
         c
     };
+    if !extra.contains(&"--swap-space") {
+        cmd.args(["--swap-space", "0"]);
+    }
     cmd.args(["--model", &model.display().to_string()])
         .args(["--port", &port.to_string(), "--threads", "1"])
         .args(["--max-model-len", "1024", "--kv-cache-memory", "0.25"])
-        .args([
-            "--swap-space",
-            "0",
-            "--batch-invariant",
-            "--served-model-name",
-            "m",
-        ])
+        .args(["--batch-invariant", "--served-model-name", "m"])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log file"));
@@ -312,13 +309,14 @@ fn lora_adapters_over_ranks() {
     }
 }
 
-/// A counter of rank 0's `/metrics`.
-fn counter(job: &Job, name: &str) -> f64 {
+/// A counter of rank 0's `/metrics`: the first sample of `name` whose
+/// labels contain `label`.
+fn counter(job: &Job, name: &str, label: &str) -> f64 {
     let (_, text) = http(job.addr(), "GET", "/metrics", None).expect("metrics");
     text.lines()
-        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+        .unwrap_or_else(|| panic!("{name} {label} missing from /metrics:\n{text}"))
 }
 
 /// The completions' texts of one request.
@@ -336,9 +334,10 @@ fn texts(job: &Job, body: &Value) -> Vec<String> {
 
 /// What the scheduler does besides plain decoding keeps working over
 /// ranks, 2 answering as 1 does: chunked prefill (32-token chunks of
-/// 37-41-token prompts), preemption by recompute (12 KV blocks for 4
-/// requests needing 6 each), prefix-cache hits (the same prompts again),
-/// async scheduling, beam search and structured outputs.
+/// 37-41-token prompts), preemption by recompute and by swapping (12 KV
+/// blocks for 4 requests needing 6 each; the swapped blocks move on every
+/// rank), prefix-cache hits (the same prompts again), async scheduling,
+/// beam search and structured outputs.
 #[test]
 fn scheduler_features_over_ranks() {
     if !mpiexec_available() {
@@ -348,13 +347,21 @@ fn scheduler_features_over_ranks() {
     let Some(path) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
         return;
     };
+    for mode in ["recompute", "swap"] {
+        features_over_ranks(&path, mode);
+    }
+}
+
+fn features_over_ranks(path: &Path, mode: &str) {
     let extra = [
         "--max-num-batched-tokens",
         "32",
         "--num-gpu-blocks-override",
         "12",
         "--preemption-mode",
-        "recompute",
+        mode,
+        "--swap-space",
+        "0.05",
         "--async-scheduling",
     ];
     let prompts = &fixture("smollm2_golden.json")[..4];
@@ -365,26 +372,33 @@ fn scheduler_features_over_ranks() {
     let structured = json!({"prompt": "How many people live in Paris? As JSON:",
         "max_tokens": 60, "temperature": 0, "guided_json": schema});
     let run = |ranks: usize| {
-        let job = launch(ranks, &path, &extra);
+        let job = launch(ranks, path, &extra);
         let first = greedy(&job, prompts, 48);
         let again = greedy(&job, prompts, 48);
         let answers = (first, again, texts(&job, &beam), texts(&job, &structured));
-        let preempted = counter(&job, "vllm:num_preemptions_total");
-        let hits = counter(&job, "vllm:prefix_cache_hits_total");
+        let mode_label = format!("mode=\"{mode}\"");
+        let preempted = counter(&job, "vllm:num_preemptions_by_mode_total", &mode_label);
+        let hits = counter(&job, "vllm:prefix_cache_hits_total", "");
         (answers, preempted, hits)
     };
     let (want, preempted, hits) = run(1);
-    assert!(preempted > 0.0, "no preemption with 12 blocks");
+    assert!(
+        preempted > 0.0,
+        "{mode}: no {mode} preemption with 12 blocks"
+    );
     assert!(hits > 0.0, "no prefix-cache hit");
     assert_eq!(want.0, want.1, "the same prompts again (prefix-cache hits)");
     let obj: Value = serde_json::from_str(&want.3[0]).expect("structured output is JSON");
     assert!(obj["people"].is_i64(), "{obj}");
     let (got, preempted2, _) = run(2);
-    assert!(preempted2 > 0.0, "no preemption over 2 ranks");
-    assert_eq!(got.0, want.0, "greedy under preemption, 2 ranks");
-    assert_eq!(got.1, want.1, "prefix-cache hits, 2 ranks");
-    assert_eq!(got.2, want.2, "beam search, 2 ranks");
-    assert_eq!(got.3, want.3, "structured output, 2 ranks");
+    assert!(
+        preempted2 > 0.0,
+        "{mode}: no {mode} preemption over 2 ranks"
+    );
+    assert_eq!(got.0, want.0, "{mode}: greedy under preemption, 2 ranks");
+    assert_eq!(got.1, want.1, "{mode}: prefix-cache hits, 2 ranks");
+    assert_eq!(got.2, want.2, "{mode}: beam search, 2 ranks");
+    assert_eq!(got.3, want.3, "{mode}: structured output, 2 ranks");
 }
 
 #[test]
