@@ -4,7 +4,8 @@
 //! Qwen2.5-Coder-0.5B (uneven FFN blocks) and Gemma-3-270M (its one KV
 //! head replicated), all through HTTP on rank 0, with LoRA adapters and
 //! with chunked prefill, preemption, prefix caching, async scheduling,
-//! beam search and structured outputs (SmolLM2); a rank killed
+//! beam search, structured outputs and speculative decoding (SmolLM2); a
+//! rank killed
 //! mid-request ends the whole job, bounded, the client getting an error;
 //! and started without `mpiexec`, the server is the HTTP front of its own
 //! job (`--distributed-executor-backend mp`, the default, or `mpi`): the
@@ -314,7 +315,10 @@ fn lora_adapters_over_ranks() {
 fn counter(job: &Job, name: &str, label: &str) -> f64 {
     let (_, text) = http(job.addr(), "GET", "/metrics", None).expect("metrics");
     text.lines()
-        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .find(|l| {
+            let rest = l.strip_prefix(name).unwrap_or_default();
+            (rest.starts_with('{') || rest.starts_with(' ')) && l.contains(label)
+        })
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("{name} {label} missing from /metrics:\n{text}"))
 }
@@ -399,6 +403,27 @@ fn features_over_ranks(path: &Path, mode: &str) {
     assert_eq!(got.1, want.1, "{mode}: prefix-cache hits, 2 ranks");
     assert_eq!(got.2, want.2, "{mode}: beam search, 2 ranks");
     assert_eq!(got.3, want.3, "{mode}: structured output, 2 ranks");
+}
+
+/// Speculative decoding (n-gram proposals, verified k + 1 rows at a time)
+/// over 2 ranks: greedy ids equal one rank's without speculation, and
+/// proposals were accepted.
+#[test]
+fn speculative_decoding_over_ranks() {
+    if !mpiexec_available() {
+        eprintln!("SKIP tensor parallel: no mpiexec (apt-get install mpich)");
+        return;
+    }
+    let Some(path) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let prompts = &fixture("smollm2_golden.json")[..4];
+    let want = greedy(&launch(1, &path, &[]), prompts, 48);
+    let spec = r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}"#;
+    let job = launch(2, &path, &["--speculative-config", spec]);
+    assert_eq!(greedy(&job, prompts, 48), want, "speculative, 2 ranks");
+    let accepted = counter(&job, "vllm:spec_decode_num_accepted_tokens_total", "");
+    assert!(accepted > 0.0, "no proposal accepted");
 }
 
 #[test]
