@@ -336,7 +336,8 @@ pub fn gpu_shard<D: Device>(
     let mut whole = input.source(WeightTypes::File);
     let mut shard = ShardSource::new(&mut *whole, plan.ranks[rank].clone(), plan.head_dim);
     let tp = TpRank { comm, plan };
-    GpuExecutor::load_sharded(dev, local, &mut shard, opts, tp)
+    Ok(GpuExecutor::load_sharded(dev, local, &mut shard, opts, tp)?
+        .with_cuda_graphs(req.max_num_seqs, req.enforce_eager))
 }
 
 /// The GPU of this rank: the node-local rank's (MPICH's `MPI_LOCALRANKID`,

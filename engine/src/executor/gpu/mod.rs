@@ -137,10 +137,10 @@ impl<D: Device> GpuExecutor<D> {
     /// same time: the profile run meets the other ranks in its collectives,
     /// and the ranks agree on the smallest pool sizes, so that block ids
     /// mean the same on every rank. Steps return logits only (rank 0 gets
-    /// the whole vocabulary's; the host draws), a slot holds this rank's
-    /// slice of its adapter, and
-    /// decode steps run as CUDA graphs only where the device all-reduces
-    /// itself ([`Device::has_all_reduce`]: NCCL; the graph holds its calls).
+    /// the whole vocabulary's; the host draws), a LoRA slot holds this
+    /// rank's slice of its adapter, and decode steps run as CUDA graphs
+    /// only where the device all-reduces itself ([`Device::has_all_reduce`]:
+    /// NCCL; the graph holds its calls).
     pub fn load_sharded(
         dev: D,
         config: ModelConfig,
