@@ -37,25 +37,28 @@ unsafe impl Send for Nccl {}
 impl Nccl {
     /// Joins the communicator of all `comm.world()` ranks (every rank calls
     /// this at the same point, with its device's context current). `Err`
-    /// on every rank when any rank lacks NCCL, with that rank's reason.
+    /// on every rank when any rank lacks NCCL or fails to join, with that
+    /// rank's reason: every rank makes the same host collective calls
+    /// whatever fails, so none is left waiting in one.
     pub fn join(comm: &dyn Collective) -> Result<Self, GpuError> {
         // SAFETY: only tries to dlopen NCCL's candidate library names.
         let present = unsafe { sys::is_culib_present() };
-        let mut all = [f32::from(u8::from(present))];
-        comm.all_reduce_sum(&mut all).map_err(collective)?;
-        if (all[0] as usize) < comm.world() {
-            return Err(GpuError::unavailable(if present {
-                "another rank could not load the NCCL library (libnccl.so.2)"
-            } else {
-                "the NCCL library (libnccl.so.2) was not found"
-            }));
-        }
+        agree(
+            comm,
+            present,
+            "could not load the NCCL library (libnccl.so.2)",
+        )?;
+        // Rank 0's id, or nothing where it could not make one.
         let mut id = Vec::new();
+        let mut made = Ok(());
         if comm.rank() == 0 {
-            let unique = result::get_uniqueid().map_err(failed("ncclGetUniqueId"))?;
-            id = unique.internal.iter().map(|&c| c as u8).collect();
+            match result::get_uniqueid() {
+                Ok(unique) => id = unique.internal.iter().map(|&c| c as u8).collect(),
+                Err(e) => made = Err(failed("ncclGetUniqueId")(e)),
+            }
         }
         comm.broadcast(&mut id).map_err(collective)?;
+        made?;
         let mut unique = sys::ncclUniqueId { internal: [0; 128] };
         if id.len() != unique.internal.len() {
             return Err(GpuError::Collective(format!(
@@ -70,9 +73,13 @@ impl Nccl {
         let (world, rank) = (comm.world() as i32, comm.rank() as i32);
         // SAFETY: `raw` is written by NCCL; the id is rank 0's, the same on
         // every rank; the caller made this rank's context current.
-        unsafe { result::comm_init_rank(&mut raw, world, unique, rank) }
-            .map_err(failed("ncclCommInitRank"))?;
-        Ok(Self { comm: raw })
+        let init = unsafe { result::comm_init_rank(&mut raw, world, unique, rank) };
+        let joined = init.is_ok();
+        // Dropped (destroyed) below unless every rank joined.
+        let nccl = joined.then_some(Self { comm: raw });
+        agree(comm, joined, "could not join the NCCL communicator")?;
+        init.map_err(failed("ncclCommInitRank"))?;
+        nccl.ok_or_else(|| GpuError::Collective("no NCCL communicator".into()))
     }
 
     /// `count` values of `dtype` at `buf` summed over the ranks, in place,
@@ -117,6 +124,21 @@ impl Drop for Nccl {
         // SAFETY: the communicator is this value's; nothing uses it after.
         let _ = unsafe { result::comm_destroy(self.comm) };
     }
+}
+
+/// `Ok` on every rank when `ok` holds on every rank; else an error on
+/// every rank (this rank's `what`, or that another rank failed it).
+fn agree(comm: &dyn Collective, ok: bool, what: &str) -> Result<(), GpuError> {
+    let mut all = [f32::from(u8::from(ok))];
+    comm.all_reduce_sum(&mut all).map_err(collective)?;
+    if all[0] as usize == comm.world() {
+        return Ok(());
+    }
+    Err(GpuError::unavailable(if ok {
+        format!("another rank {what}")
+    } else {
+        format!("this rank {what}")
+    }))
 }
 
 /// A host collective's failure during the NCCL bootstrap.
