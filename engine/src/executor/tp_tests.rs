@@ -185,6 +185,19 @@ fn ranks_that_disagree_all_fail_with_the_difference() {
     });
 }
 
+/// Greedy sampling on the device is refused with the reason (the host
+/// draws under tensor parallelism).
+fn refuses_device_sampling(exec: &mut dyn Executor) {
+    let e = exec
+        .execute(
+            &BlockOps::default(),
+            &ForwardBatch::default(),
+            &Sampling::Greedy,
+        )
+        .expect_err("greedy on the device");
+    assert!(e.to_string().contains("host draws"), "{e}");
+}
+
 /// CPU ranks take adapters (see `sharded_adapters_give_the_whole_models_logits`);
 /// device sampling is refused before anything is sent.
 #[test]
@@ -195,14 +208,7 @@ fn device_sampling_is_refused_before_any_broadcast() {
         |comm| tiny(comm, &c),
         |exec| {
             assert!(exec.supports_lora());
-            let e = exec
-                .execute(
-                    &BlockOps::default(),
-                    &ForwardBatch::default(),
-                    &Sampling::Greedy,
-                )
-                .expect_err("greedy on the device");
-            assert!(e.to_string().contains("host draws"), "{e}");
+            refuses_device_sampling(exec);
             // The ranks still serve a step afterwards (nothing was sent).
             steps(exec);
         },
@@ -334,14 +340,7 @@ fn gpu_ranks_agree_on_pool_sizes_and_refuse_device_sampling() {
                     if comm.rank() == 0 {
                         assert!(!exec.capabilities().greedy && !exec.capabilities().sampled);
                         assert!(exec.supports_lora());
-                        let e = exec
-                            .execute(
-                                &BlockOps::default(),
-                                &ForwardBatch::default(),
-                                &Sampling::Greedy,
-                            )
-                            .expect_err("greedy on the device");
-                        assert!(e.to_string().contains("host draws"), "{e}");
+                        refuses_device_sampling(&mut *exec);
                     } else {
                         // The rank itself refuses too, before any
                         // collective (nothing is waiting to meet it).
