@@ -257,10 +257,16 @@ fn cuda(
     _: &mut dyn WeightSource,
     _: &ExecutorRequest,
 ) -> Result<BuiltExecutor, BuildError> {
-    Err(ExecError::from(super::gpu::GpuError::unavailable(
+    Err(no_cuda_build())
+}
+
+/// `--device cuda` in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub(super) fn no_cuda_build() -> BuildError {
+    ExecError::from(super::gpu::GpuError::unavailable(
         "--device cuda: this build has no CUDA support; rebuild with `cargo build --release --features cuda`",
     ))
-    .into())
+    .into()
 }
 
 #[cfg(test)]

@@ -343,7 +343,6 @@ pub fn gpu_shard<D: Device>(
 /// The GPU of this rank: the node-local rank's (MPICH's `MPI_LOCALRANKID`,
 /// Open MPI's `OMPI_COMM_WORLD_LOCAL_RANK`, else the rank) modulo the
 /// node's GPU count; NCCL joined where every rank has it.
-#[cfg(feature = "cuda")]
 fn cuda_rank(
     config: ModelConfig,
     input: WeightInput<'_>,
@@ -351,47 +350,41 @@ fn cuda_rank(
     comm: Arc<dyn Collective>,
     plan: Arc<TpPlan>,
 ) -> Result<BuiltExecutor, BuildError> {
-    use super::gpu::cuda::{probe, CudaDevice};
-    use super::gpu::GpuError;
-    probe(0)?;
-    let count = cudarc::driver::CudaContext::device_count()
-        .map_err(GpuError::driver("cuDeviceGetCount"))?
-        .max(1) as usize;
-    let local = ["MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
-        .unwrap_or(comm.rank());
-    let ordinal = local % count;
-    let mut dev = CudaDevice::new(ordinal)?;
-    let library = match dev.join_nccl(&*comm) {
-        Ok(()) => format!(
-            "NCCL (all-reduce; bootstrap, gather and broadcast on {})",
-            comm.library()
-        ),
-        Err(e) => {
-            tracing::warn!(error = %engine_core::Report(&e), "NCCL unavailable: all-reduce through the host");
-            format!(
-                "{} (all-reduce staged through the host: NCCL unavailable)",
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (config, input, req, comm, plan);
+        Err(super::select::no_cuda_build())
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use super::gpu::cuda::{probe, CudaDevice};
+        use super::gpu::GpuError;
+        probe(0)?;
+        let count = cudarc::driver::CudaContext::device_count()
+            .map_err(GpuError::driver("cuDeviceGetCount"))?
+            .max(1) as usize;
+        let local = ["MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+            .unwrap_or(comm.rank());
+        let ordinal = local % count;
+        let mut dev = CudaDevice::new(ordinal)?;
+        let library = match dev.join_nccl(&*comm) {
+            Ok(()) => format!(
+                "NCCL (all-reduce; bootstrap, gather and broadcast on {})",
                 comm.library()
-            )
-        }
-    };
-    let description = format!("cuda {ordinal}: ");
-    let mut built = gpu_rank(dev, config, input, req, (comm, plan), &library)?;
-    built.description.insert_str(0, &description);
-    Ok(built)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_rank(
-    _: ModelConfig,
-    _: WeightInput<'_>,
-    _: &ExecutorRequest,
-    _: Arc<dyn Collective>,
-    _: Arc<TpPlan>,
-) -> Result<BuiltExecutor, BuildError> {
-    Err(ExecError::from(super::gpu::GpuError::unavailable(
-        "--device cuda: this build has no CUDA support; rebuild with `cargo build --release --features cuda`",
-    ))
-    .into())
+            ),
+            Err(e) => {
+                tracing::warn!(error = %engine_core::Report(&e), "NCCL unavailable: all-reduce through the host");
+                format!(
+                    "{} (all-reduce staged through the host: NCCL unavailable)",
+                    comm.library()
+                )
+            }
+        };
+        let description = format!("cuda {ordinal}: ");
+        let mut built = gpu_rank(dev, config, input, req, (comm, plan), &library)?;
+        built.description.insert_str(0, &description);
+        Ok(built)
+    }
 }

@@ -14,6 +14,8 @@ pub use shard::ShardSource;
 use super::lora::{LoraAdapter, LoraTarget};
 use crate::dist::Collective;
 use engine_core::{ExecError, Logits};
+use model_loader::lora::{LoraLayer, LoraPair};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// What one rank's forward pass needs: the collectives and the plan.
@@ -65,34 +67,41 @@ impl TpRank {
     pub fn shard_adapter(&self, a: &LoraAdapter) -> LoraAdapter {
         let s = self.shard();
         let hd = self.plan.head_dim;
-        let heads = |h: &std::ops::Range<usize>| h.start * hd..h.end * hd;
-        let r = a.rank;
-        let mut out = a.clone();
-        for layer in &mut out.layers {
-            for (t, pair) in LoraTarget::ALL.iter().zip(layer.pairs.iter_mut()) {
-                let Some(p) = pair else { continue };
-                let cut_b =
-                    |rows: std::ops::Range<usize>| p.b[rows.start * r..rows.end * r].to_vec();
-                let cut_a = |cols: std::ops::Range<usize>| {
-                    let inp = p.a.len() / r.max(1);
-                    (0..r)
-                        .flat_map(|k| {
-                            p.a[k * inp + cols.start..k * inp + cols.end]
-                                .iter()
-                                .copied()
-                        })
-                        .collect::<Vec<f32>>()
-                };
-                match t {
-                    LoraTarget::Q => p.b = cut_b(heads(&s.q_heads)),
-                    LoraTarget::K | LoraTarget::V => p.b = cut_b(heads(&s.kv_heads)),
-                    LoraTarget::Gate | LoraTarget::Up => p.b = cut_b(s.inter.clone()),
-                    LoraTarget::O => p.a = cut_a(heads(&s.q_heads)),
-                    LoraTarget::Down => p.a = cut_a(s.inter.clone()),
-                }
-            }
+        let heads = |h: &Range<usize>| h.start * hd..h.end * hd;
+        let r = a.rank.max(1);
+        // B is `[out, r]`: whole rows. A is `[r, in]`: a range of each row.
+        let rows = |b: &[f32], keep: Range<usize>| b[keep.start * r..keep.end * r].to_vec();
+        let cols = |a: &[f32], keep: Range<usize>| -> Vec<f32> {
+            a.chunks_exact(a.len() / r)
+                .flat_map(|row| row[keep.clone()].iter().copied())
+                .collect()
+        };
+        let cut = |t: LoraTarget, p: &LoraPair| -> LoraPair {
+            let (a, b) = match t {
+                LoraTarget::Q => (p.a.clone(), rows(&p.b, heads(&s.q_heads))),
+                LoraTarget::K | LoraTarget::V => (p.a.clone(), rows(&p.b, heads(&s.kv_heads))),
+                LoraTarget::Gate | LoraTarget::Up => (p.a.clone(), rows(&p.b, s.inter.clone())),
+                LoraTarget::O => (cols(&p.a, heads(&s.q_heads)), p.b.clone()),
+                LoraTarget::Down => (cols(&p.a, s.inter.clone()), p.b.clone()),
+            };
+            LoraPair { a, b }
+        };
+        LoraAdapter {
+            format: a.format,
+            rank: a.rank,
+            alpha: a.alpha,
+            scale: a.scale,
+            base_model: a.base_model.clone(),
+            layers: a
+                .layers
+                .iter()
+                .map(|l| LoraLayer {
+                    pairs: std::array::from_fn(|t| {
+                        l.pairs[t].as_ref().map(|p| cut(LoraTarget::ALL[t], p))
+                    }),
+                })
+                .collect(),
         }
-        out
     }
 }
 
